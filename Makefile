@@ -1,0 +1,30 @@
+# Each target sets up the virtual environment itself, so both work on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+export HF_HUB_OFFLINE := 1
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet -e ".[test,dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/specsample demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check specsample tests benchmarks scripts
+	$(VENV)/bin/mypy
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_sampler.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

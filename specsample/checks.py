@@ -1,0 +1,153 @@
+"""Input validation shared by the verifiers.
+
+Cheap checks (rank, shape, dtype, device: metadata only) always run. The costly ones read
+the tensors and synchronise with the device, so they run only in strict mode: token ids in
+``[0, vocab)``, probabilities finite, non-negative and summing to 1 within
+:data:`SUM_TOLERANCE` for their dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["PROB_DTYPES", "SUM_TOLERANCE", "check_chain_inputs", "check_chain_values"]
+
+PROB_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+"""Accepted dtypes of probability tensors."""
+
+SUM_TOLERANCE = {
+    torch.float64: 1e-6,
+    torch.float32: 1e-4,
+    torch.float16: 1e-2,
+    torch.bfloat16: 2e-2,
+}
+"""Largest ``|sum(row) - 1|`` strict mode accepts, by dtype."""
+
+
+def _require_tensor(name: str, value: object) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def _require_rank(name: str, value: torch.Tensor, rank: int, layout: str) -> None:
+    if value.dim() != rank:
+        raise ValueError(f"{name} must have shape {layout}, got {tuple(value.shape)}")
+
+
+def check_chain_inputs(
+    target_probs: object,
+    bonus_token_ids: object,
+    draft_probs: object,
+    draft_token_ids: object,
+) -> None:
+    """Check ranks, shapes, dtypes and devices of the chain verifier's inputs.
+
+    Raises
+    ------
+    TypeError
+        An argument is not a tensor, or has the wrong dtype.
+    ValueError
+        An argument has the wrong rank or shape, or lives on another device.
+
+    Examples
+    --------
+    >>> import torch
+    >>> check_chain_inputs(torch.ones(2, 3, 5), torch.zeros(2, 1, dtype=torch.long),
+    ...                    torch.ones(2, 4, 5), torch.zeros(2, 3, dtype=torch.long))
+    Traceback (most recent call last):
+    ...
+    ValueError: draft_probs must have shape (2, 3, 5) like target_probs, got (2, 4, 5)
+    """
+    target = _require_tensor("target_probs", target_probs)
+    bonus = _require_tensor("bonus_token_ids", bonus_token_ids)
+    draft = _require_tensor("draft_probs", draft_probs)
+    ids = _require_tensor("draft_token_ids", draft_token_ids)
+    _require_rank("target_probs", target, 3, "[batch, k, vocab]")
+    _require_rank("draft_probs", draft, 3, "[batch, k, vocab]")
+    _require_rank("draft_token_ids", ids, 2, "[batch, k]")
+    batch, k, vocab = target.shape
+    if vocab == 0:
+        raise ValueError("target_probs must have a non-empty vocabulary dimension")
+    if draft.shape != target.shape:
+        raise ValueError(
+            f"draft_probs must have shape {tuple(target.shape)} like target_probs, "
+            f"got {tuple(draft.shape)}"
+        )
+    if ids.shape != (batch, k):
+        raise ValueError(f"draft_token_ids must have shape {(batch, k)}, got {tuple(ids.shape)}")
+    if bonus.shape not in ((batch,), (batch, 1)):
+        raise ValueError(
+            f"bonus_token_ids must have shape {(batch, 1)} or {(batch,)}, got {tuple(bonus.shape)}"
+        )
+    for name, probs in (("target_probs", target), ("draft_probs", draft)):
+        if probs.dtype not in PROB_DTYPES:
+            raise TypeError(
+                f"{name} must be float32, float16, bfloat16 or float64, got {probs.dtype}"
+            )
+    if draft.dtype != target.dtype:
+        raise TypeError(
+            f"draft_probs must have the dtype of target_probs ({target.dtype}), got {draft.dtype}"
+        )
+    for name, token_ids in (("bonus_token_ids", bonus), ("draft_token_ids", ids)):
+        if token_ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"{name} must be int64 or int32, got {token_ids.dtype}")
+    for name, tensor in (
+        ("bonus_token_ids", bonus),
+        ("draft_probs", draft),
+        ("draft_token_ids", ids),
+    ):
+        if tensor.device != target.device:
+            raise ValueError(f"{name} is on {tensor.device} but target_probs is on {target.device}")
+
+
+def _check_ids(name: str, ids: torch.Tensor, vocab: int) -> None:
+    if ids.numel() and bool(((ids < 0) | (ids >= vocab)).any()):
+        bad = ids[(ids < 0) | (ids >= vocab)][0].item()
+        raise ValueError(f"{name} must lie in [0, {vocab}), found {bad}")
+
+
+def _check_probs(name: str, probs: torch.Tensor) -> None:
+    if not probs.numel():
+        return
+    if not bool(torch.isfinite(probs).all()):
+        raise ValueError(f"{name} contains non-finite values")
+    if bool((probs < 0).any()):
+        raise ValueError(f"{name} contains negative values")
+    tolerance = SUM_TOLERANCE[probs.dtype]
+    error = (probs.sum(dim=-1, dtype=torch.float64) - 1.0).abs().max().item()
+    if error > tolerance:
+        raise ValueError(
+            f"{name} rows must sum to 1 within {tolerance:g} ({probs.dtype}), "
+            f"one is off by {error:.3g}"
+        )
+
+
+def check_chain_values(
+    target_probs: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+) -> None:
+    """Strict-mode value checks; they read every element and synchronise with the device.
+
+    Raises
+    ------
+    ValueError
+        A token id outside ``[0, vocab)``, or probabilities that are non-finite, negative, or
+        whose rows do not sum to 1 within :data:`SUM_TOLERANCE`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> check_chain_values(torch.full((1, 1, 2), 0.5), torch.tensor([[1]]),
+    ...                    torch.tensor([[[0.7, 0.7]]]), torch.tensor([[0]]))
+    Traceback (most recent call last):
+    ...
+    ValueError: draft_probs rows must sum to 1 within 0.0001 (torch.float32), one is off by 0.4
+    """
+    vocab = target_probs.shape[-1]
+    _check_ids("draft_token_ids", draft_token_ids, vocab)
+    _check_ids("bonus_token_ids", bonus_token_ids, vocab)
+    _check_probs("target_probs", target_probs)
+    _check_probs("draft_probs", draft_probs)

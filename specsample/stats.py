@@ -1,0 +1,168 @@
+"""Counters and metrics of verification.
+
+:class:`VerificationStats` accumulates, on the device of the verifier and without any host
+synchronisation, what each step drafted, accepted (in order: a draft accepted after a
+rejection is never emitted and never counted) and emitted, and how often each draft
+position was accepted. Reading a metric (``acceptance_rate`` and friends) copies the
+counters to the host; do it between steps, not inside them.
+
+:func:`expected_acceptance` gives the acceptance probability that theory predicts for a
+draft position, ``sum_x min(q(x), p(x))``, to compare with what was realised.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["VerificationStats", "expected_acceptance"]
+
+
+def expected_acceptance(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
+    """Acceptance probability of each draft position, ``sum_x min(q(x), p(x))``.
+
+    This reads both tensors in full (one ``[batch, k, vocab]`` pass): call it for monitoring,
+    not on every step of a latency-bound loop.
+
+    Parameters
+    ----------
+    target_probs, draft_probs : torch.Tensor
+        ``[..., vocab]`` target ``q`` and draft ``p`` probabilities.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[...]`` float32, each in ``[0, 1]`` for normalised rows.
+
+    Examples
+    --------
+    >>> import torch
+    >>> expected_acceptance(torch.tensor([0.2, 0.8]), torch.tensor([0.6, 0.4]))
+    tensor(0.6000)
+    """
+    return torch.minimum(target_probs, draft_probs).sum(dim=-1, dtype=torch.float32)
+
+
+class VerificationStats:
+    """Running totals of verification steps, kept as device tensors.
+
+    The state is one histogram of accepted lengths, updated with a single scatter-add per
+    step; every count is derived from it.
+
+    Attributes
+    ----------
+    steps : int
+        Sequences verified (one per row per step).
+    drafted : int
+        Draft tokens offered.
+    length_histogram : torch.Tensor
+        ``[k + 1]`` int64: how many sequence-steps accepted exactly ``n`` drafts, ``n = 0..k``
+        (grows with the largest ``k`` seen).
+    expected_accepted : torch.Tensor
+        0-d float64: sum of ``sum_x min(q, p)`` over positions recorded by
+        :meth:`record_expected`.
+    expected_positions : int
+        Draft positions recorded by :meth:`record_expected`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> stats = VerificationStats()
+    >>> stats.update(torch.tensor([2, 0]), k=3)
+    >>> stats.acceptance_rate, stats.mean_tokens_per_step, stats.accepted_per_position.tolist()
+    (0.3333333333333333, 2.0, [1, 1, 0])
+    """
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self._zero(torch.device(device))
+
+    def _zero(self, device: torch.device) -> None:
+        self.steps = 0
+        self.drafted = 0
+        self.expected_positions = 0
+        self.length_histogram = torch.zeros(1, dtype=torch.int64, device=device)
+        self.expected_accepted = torch.zeros((), dtype=torch.float64, device=device)
+
+    def reset(self) -> None:
+        """Zero every counter, keeping the device."""
+        self._zero(self.length_histogram.device)
+
+    def to(self, device: torch.device | str) -> VerificationStats:
+        """Move the counters to ``device`` (a host-to-device copy, no synchronisation)."""
+        self.length_histogram = self.length_histogram.to(device)
+        self.expected_accepted = self.expected_accepted.to(device)
+        return self
+
+    def update(self, num_accepted: torch.Tensor, k: int) -> None:
+        """Record one step from ``num_accepted [batch]`` (int64 in ``[0, k]``)."""
+        if num_accepted.device != self.length_histogram.device:
+            self.to(num_accepted.device)
+        if k + 1 > self.length_histogram.shape[0]:
+            grown = self.length_histogram.new_zeros(k + 1)
+            grown[: self.length_histogram.shape[0]] = self.length_histogram
+            self.length_histogram = grown
+        self.steps += num_accepted.shape[0]
+        self.drafted += num_accepted.shape[0] * k
+        self.length_histogram.scatter_add_(0, num_accepted, torch.ones_like(num_accepted))
+
+    @property
+    def accepted(self) -> torch.Tensor:
+        """0-d int64 tensor: drafts accepted in order."""
+        lengths = torch.arange(self.length_histogram.shape[0], device=self.length_histogram.device)
+        return (self.length_histogram * lengths).sum()
+
+    @property
+    def emitted(self) -> torch.Tensor:
+        """0-d int64 tensor: tokens emitted (accepted drafts plus one per sequence-step)."""
+        return self.accepted + self.steps
+
+    @property
+    def accepted_per_position(self) -> torch.Tensor:
+        """``[k]`` int64 tensor: how often draft position ``i`` was accepted."""
+        tail = self.length_histogram.flip(0).cumsum(0).flip(0)
+        return tail[1:]
+
+    def record_expected(self, target_probs: torch.Tensor, draft_probs: torch.Tensor) -> None:
+        """Add the theoretical acceptance of every position of ``[batch, k, vocab]`` rows."""
+        expected = expected_acceptance(target_probs, draft_probs)
+        self.expected_accepted = self.expected_accepted.to(expected.device) + expected.sum(
+            dtype=torch.float64
+        )
+        self.expected_positions += expected.numel()
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts over drafted tokens (``nan`` before any draft)."""
+        return float(self.accepted) / self.drafted if self.drafted else float("nan")
+
+    @property
+    def mean_tokens_per_step(self) -> float:
+        """Emitted tokens per sequence and verification step (``nan`` before any step)."""
+        return float(self.emitted) / self.steps if self.steps else float("nan")
+
+    @property
+    def position_acceptance_rate(self) -> list[float]:
+        """Per draft position, the fraction of sequence-steps in which it was accepted."""
+        if not self.steps:
+            return []
+        return [float(c) / self.steps for c in self.accepted_per_position.tolist()]
+
+    @property
+    def expected_acceptance_rate(self) -> float:
+        """Mean of ``sum_x min(q, p)`` over the recorded positions (``nan`` if none)."""
+        if not self.expected_positions:
+            return float("nan")
+        return float(self.expected_accepted) / self.expected_positions
+
+    def summary(self) -> dict[str, float | int | list[float] | list[int]]:
+        """All metrics as plain Python values."""
+        return {
+            "steps": self.steps,
+            "drafted": self.drafted,
+            "accepted": int(self.accepted),
+            "emitted": int(self.emitted),
+            "acceptance_rate": self.acceptance_rate,
+            "mean_tokens_per_step": self.mean_tokens_per_step,
+            "position_acceptance_rate": self.position_acceptance_rate,
+            "expected_acceptance_rate": self.expected_acceptance_rate,
+            "accepted_length_histogram": [int(c) for c in self.length_histogram.tolist()],
+        }

@@ -1,0 +1,132 @@
+"""Token-by-token speculative sampling of a chain of drafts (Leviathan et al.; Chen et al.).
+
+Notation follows the rest of the library: ``q`` is the target distribution, ``p`` the draft
+distribution the drafts were sampled from. Draft ``x_i`` is accepted when
+``u_i * p_i(x_i) < q_i(x_i)`` with ``u_i ~ U[0, 1)`` (no division, so ``p_i(x_i) = 0`` is
+harmless); the first rejected position emits a token from ``normalize(max(0, q - p))``
+(see :mod:`specsample.verify.residual`); when all ``k`` drafts pass, the bonus token is
+emitted. The emitted stream then follows ``q`` exactly.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from specsample.verify.residual import flat_rows, sample_residual
+
+__all__ = ["VerifyResult", "chain_verify", "emit"]
+
+
+class VerifyResult(NamedTuple):
+    """What a verification step produced.
+
+    Attributes
+    ----------
+    token_ids : torch.Tensor
+        ``[batch, k + 1]`` int64: the accepted drafts, then one more token (the residual draw
+        at the first rejection, or the bonus token), then ``-1`` padding.
+    num_accepted : torch.Tensor
+        ``[batch]`` int64: drafts accepted in order; ``num_accepted + 1`` tokens are emitted.
+    """
+
+    token_ids: torch.Tensor
+    num_accepted: torch.Tensor
+
+
+def emit(
+    draft_token_ids: torch.Tensor, num_accepted: torch.Tensor, last: torch.Tensor
+) -> torch.Tensor:
+    """Lay out ``[batch, k + 1]`` output: accepted drafts, ``last``, then ``-1``.
+
+    Parameters
+    ----------
+    draft_token_ids : torch.Tensor
+        ``[batch, k]`` int64 drafts.
+    num_accepted : torch.Tensor
+        ``[batch]`` int64 in ``[0, k]``.
+    last : torch.Tensor
+        ``[batch]`` int64, the token written at column ``num_accepted``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> emit(torch.tensor([[4, 5, 6]]), torch.tensor([1]), torch.tensor([9]))
+    tensor([[ 4,  9, -1, -1]])
+    """
+    batch, k = draft_token_ids.shape
+    cols = torch.arange(k, device=draft_token_ids.device)
+    kept = torch.where(cols < num_accepted.unsqueeze(-1), draft_token_ids, -1)
+    out = torch.cat([kept, kept.new_full((batch, 1), -1)], dim=1)
+    return out.scatter_(1, num_accepted.unsqueeze(-1), last.unsqueeze(-1))
+
+
+def count_accepted(accepted: torch.Tensor) -> torch.Tensor:
+    """Length of the leading run of ``True`` in each row of ``accepted [batch, k]``."""
+    return accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
+
+
+def chain_verify(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> VerifyResult:
+    """Verify a chain of ``k`` drafts per sequence by rejection sampling.
+
+    Parameters
+    ----------
+    target_probs : torch.Tensor
+        ``[batch, k, vocab]`` target probabilities ``q`` at each draft position
+        (float32, float16 or bfloat16; arithmetic in float32 or float64).
+    draft_probs : torch.Tensor
+        ``[batch, k, vocab]`` the draft distributions ``p`` the drafts were sampled from.
+    draft_token_ids : torch.Tensor
+        ``[batch, k]`` int64 drafts. Ids outside ``[0, vocab)`` (such as ``-1`` placeholders)
+        are always rejected.
+    bonus_token_ids : torch.Tensor
+        ``[batch]`` or ``[batch, 1]`` int64, emitted when all ``k`` drafts are accepted.
+    uniforms : torch.Tensor
+        ``[batch, k + 1]`` float64 in ``[0, 1)``: one per accept test, then one for the
+        residual draw.
+
+    Returns
+    -------
+    VerifyResult
+        ``token_ids [batch, k + 1]`` and ``num_accepted [batch]``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> q = torch.tensor([[[0.0, 1.0], [0.5, 0.5]]])
+    >>> p = torch.tensor([[[0.5, 0.5], [0.5, 0.5]]])
+    >>> u = torch.tensor([[0.3, 0.9, 0.5]], dtype=torch.float64)
+    >>> chain_verify(q, p, torch.tensor([[1, 0]]), torch.tensor([1]), u).token_ids
+    tensor([[1, 0, 1]])
+    """
+    batch, k, vocab = target_probs.shape
+    bonus = bonus_token_ids.reshape(batch).to(torch.int64)
+    ids = draft_token_ids.to(torch.int64)
+    if k == 0:
+        return VerifyResult(bonus.unsqueeze(-1), torch.zeros_like(bonus))
+    in_vocab = (ids >= 0) & (ids < vocab)
+    safe_ids = ids.clamp(0, vocab - 1).unsqueeze(-1)
+    q_at = target_probs.gather(2, safe_ids).squeeze(-1).to(torch.float64)
+    p_at = draft_probs.gather(2, safe_ids).squeeze(-1).to(torch.float64)
+    num_accepted = count_accepted((uniforms[:, :k] * p_at < q_at) & in_vocab)
+
+    position = num_accepted.clamp(max=k - 1)
+    batch_index = torch.arange(batch, device=ids.device)
+    target_rows, target_stride = flat_rows(target_probs)
+    draft_rows, draft_stride = flat_rows(draft_probs)
+    recovered = sample_residual(
+        target_rows,
+        batch_index * target_stride + position,
+        draft_rows,
+        batch_index * draft_stride + position,
+        uniforms[:, k],
+    )
+    last = torch.where(num_accepted == k, bonus, recovered)
+    return VerifyResult(emit(ids, num_accepted, last), num_accepted)
