@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["counter_uniform", "row_uniforms"]
+__all__ = ["counter_uniform", "row_uniforms", "step_uniforms"]
 
 _MASK32 = 0xFFFFFFFF
 _STREAM_KEYS = (0x68E31DA4, 0xB5297A4D, 0x1B56C4E9, 0x3C6EF372)
@@ -123,3 +123,50 @@ def row_uniforms(
         counters = counters + offsets.to(device=device, dtype=torch.int64).unsqueeze(-1)
     seeded = counter_uniform(seeds, counters, stream)
     return torch.where(seeds.unsqueeze(-1) >= 0, seeded, drawn)
+
+
+def step_uniforms(
+    batch: int,
+    k: int,
+    device: torch.device,
+    generator: torch.Generator | None = None,
+    seeds: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The uniforms of one verification step: ``k`` accept tests, then the final draw.
+
+    Seeded rows key their accept tests by ``(seed, position + j)`` on stream 0 and the final
+    draw by ``(seed, position)`` on stream 1. A decoding loop whose ``positions`` advance by
+    the tokens emitted therefore never reuses a number that decided anything.
+
+    Parameters
+    ----------
+    batch, k : int
+        Rows and drafts per row.
+    device : torch.device
+        Where the uniforms live.
+    generator : torch.Generator, optional
+        For unseeded rows.
+    seeds : torch.Tensor, optional
+        ``[batch]`` int64; negative entries are unseeded.
+    positions : torch.Tensor, optional
+        ``[batch]`` int64 position of each row's first draft (default 0).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[batch, k + 1]`` float64 in ``[0, 1)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> u = step_uniforms(2, 3, torch.device("cpu"), seeds=torch.tensor([1, 1]))
+    >>> u.shape, bool(torch.equal(u[0], u[1]))
+    (torch.Size([2, 4]), True)
+    """
+    if seeds is None:
+        return torch.rand(batch, k + 1, dtype=torch.float64, device=device, generator=generator)
+    draw = {"device": device, "generator": generator, "seeds": seeds, "offsets": positions}
+    accept = row_uniforms(batch, k, stream=0, **draw)  # type: ignore[arg-type]
+    final = row_uniforms(batch, 1, stream=1, **draw)  # type: ignore[arg-type]
+    return torch.cat([accept, final], dim=1)

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from specsample.checks import check_chain_inputs, check_chain_values
-from specsample.random import row_uniforms
+from specsample.random import step_uniforms
 from specsample.stats import VerificationStats
 from specsample.verify.chain import chain_verify
 
@@ -24,30 +24,6 @@ def _check_seeds(name: str, value: torch.Tensor | None, batch: int, device: torc
         raise ValueError(f"{name} must have shape {(batch,)}, got {tuple(value.shape)}")
     if value.device != device:
         raise ValueError(f"{name} is on {value.device} but target_probs is on {device}")
-
-
-def _step_uniforms(
-    batch: int,
-    k: int,
-    device: torch.device,
-    generator: torch.Generator | None,
-    seeds: torch.Tensor | None,
-    offsets: torch.Tensor | None,
-) -> torch.Tensor:
-    """``[batch, k + 1]`` uniforms: ``k`` accept tests, then the residual draw.
-
-    Seeded rows key their accept tests by ``(seed, offset + j)`` on stream 0 and the residual
-    draw by ``(seed, offset)`` on stream 1.
-    """
-    if seeds is None:
-        return torch.rand(batch, k + 1, dtype=torch.float64, device=device, generator=generator)
-    accept = row_uniforms(
-        batch, k, device=device, generator=generator, seeds=seeds, offsets=offsets, stream=0
-    )
-    residual = row_uniforms(
-        batch, 1, device=device, generator=generator, seeds=seeds, offsets=offsets, stream=1
-    )
-    return torch.cat([accept, residual], dim=1)
 
 
 class RejectionSampler(nn.Module):
@@ -165,7 +141,7 @@ class RejectionSampler(nn.Module):
         _check_seeds("seed_offsets", seed_offsets, batch, target_probs.device)
         if self.strict_mode:
             check_chain_values(target_probs, bonus_token_ids, draft_probs, draft_token_ids)
-        uniforms = _step_uniforms(batch, k, target_probs.device, generator, seeds, seed_offsets)
+        uniforms = step_uniforms(batch, k, target_probs.device, generator, seeds, seed_offsets)
         result = chain_verify(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms)
         self.stats.update(result.num_accepted, k)
         return result.token_ids

@@ -14,7 +14,8 @@ from typing import NamedTuple
 
 import torch
 
-from specsample.verify.residual import flat_rows, sample_residual
+from specsample.verify.residual import sample_residual
+from specsample.verify.rows import ProbRows, flat_rows
 
 __all__ = ["VerifyResult", "chain_verify", "emit"]
 
@@ -122,11 +123,10 @@ def chain_verify(
     target_rows, target_stride = flat_rows(target_probs)
     draft_rows, draft_stride = flat_rows(draft_probs)
     recovered = sample_residual(
-        target_rows,
-        batch_index * target_stride + position,
-        draft_rows,
-        batch_index * draft_stride + position,
+        ProbRows(target_rows).select(batch_index * target_stride + position),
         uniforms[:, k],
+        vocab,
+        draft=ProbRows(draft_rows).select(batch_index * draft_stride + position),
     )
     last = torch.where(num_accepted == k, bonus, recovered)
     return VerifyResult(emit(ids, num_accepted, last), num_accepted)

@@ -2,15 +2,20 @@
 
 The residual is built lazily: only the row at each sequence's first rejected position is
 read, never all ``k`` positions. Sampling is an inverse CDF with one uniform per row, done
-in two levels so that no ``[batch, vocab]`` prefix sum is ever formed:
+over a hierarchy of cells so that no ``[batch, vocab]`` prefix sum is ever formed:
 
-1. the vocabulary is cut into blocks of ``block`` tokens; one pass over the selected rows,
-   in column chunks small enough to stay in cache, computes per block the target mass
-   ``sum q`` and the overlap mass ``sum min(q, p)``; their difference is the residual mass
-   of the block (it is exactly zero where ``q <= p`` on the whole block, because both sums
-   then add the same numbers in the same order, and float addition is monotone);
-2. the uniform picks a block from the float64 prefix sum of the block masses, then a token
-   inside it from the float64 prefix sum of ``max(0, q - p)`` over that block alone.
+1. the vocabulary is cut into blocks of :data:`BLOCK` tokens; one pass over the selected
+   rows, in column chunks small enough to stay in cache, computes per block the target mass
+   ``sum q`` and the residual mass ``sum max(q - p, 0)``, a sum of non-negative terms that
+   is positive exactly when some token of the block has ``q > p`` (for a one-hot draft,
+   the block holding the draft is summed again without it);
+2. the uniform picks a block from the float64 prefix sum of the block masses, then a
+   32-token part of it, then a token, each from a float64 prefix sum of
+   ``max(0, q - p)`` over the chosen cell alone.
+
+The draft side may be dense rows (probabilities), a one-hot draft (a drafter without
+probabilities: ``p = delta_x``, so the residual is ``q`` with ``x`` removed), or absent
+(the bonus position: the draw is from ``q`` itself).
 
 No clamp to a tiny positive value is ever applied: a token whose residual is zero is never
 returned. A row whose residual has no mass (``q <= p`` everywhere, which a valid input only
@@ -22,7 +27,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["BLOCK", "flat_rows", "sample_residual"]
+from specsample.verify.rows import Selection
+
+__all__ = ["BLOCK", "sample_residual"]
 
 BLOCK = 1024
 """Tokens per vocabulary block of the two-level inverse CDF."""
@@ -32,32 +39,6 @@ _CPU_CHUNK_ELEMENTS = 1 << 18
 _DEVICE_CHUNK_ELEMENTS = 1 << 26
 
 
-def flat_rows(probs: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """View ``[batch, k, vocab]`` as ``[rows, vocab]`` without copying where strides allow.
-
-    Returns the 2-D view and the row stride of the batch dimension, so that the row of
-    ``(b, j)`` is ``b * stride + j``. A tensor whose layout admits no such view (its last
-    dimension not contiguous, say) is copied once.
-
-    Examples
-    --------
-    >>> import torch
-    >>> x = torch.arange(24.0).view(2, 4, 3)[:, :3]
-    >>> flat, stride = flat_rows(x)
-    >>> stride, bool(torch.equal(flat[1 * stride + 2], x[1, 2]))
-    (4, True)
-    """
-    batch, k, vocab = probs.shape
-    s0, s1, s2 = probs.stride()
-    if s2 != 1 or s1 < vocab or s1 == 0 or s0 % s1 != 0:
-        probs = probs.contiguous()
-        s0, s1 = probs.stride()[0], probs.stride()[1]
-    stride = s0 // s1 if batch > 1 else k
-    rows = (batch - 1) * stride + k if batch > 0 else 0
-    flat = probs.as_strided((rows, vocab), (s1, 1), probs.storage_offset())
-    return flat, stride
-
-
 def _chunk_width(batch: int, vocab: int, device: torch.device) -> int:
     budget = _CPU_CHUNK_ELEMENTS if device.type == "cpu" else _DEVICE_CHUNK_ELEMENTS
     width = max(BLOCK, (budget // max(batch, 1)) // BLOCK * BLOCK)
@@ -65,28 +46,52 @@ def _chunk_width(batch: int, vocab: int, device: torch.device) -> int:
 
 
 def _block_masses(
-    target: torch.Tensor, target_rows: torch.Tensor, draft: torch.Tensor, draft_rows: torch.Tensor
+    target: Selection, draft: Selection | None, batch: int, vocab: int
 ) -> torch.Tensor:
-    """Per-block ``sum q`` and ``sum min(q, p)`` of the selected rows, ``[2, batch, blocks]``."""
-    batch, vocab = target_rows.shape[0], target.shape[-1]
-    width = _chunk_width(batch, vocab, target.device)
-    masses = torch.empty(2, batch, -(-vocab // BLOCK), dtype=torch.float32, device=target.device)
-    buf = torch.empty(2, batch, width, dtype=target.dtype, device=target.device)
+    """Per-block ``sum q`` and (for a dense draft) ``sum max(q - p, 0)``, ``[2, batch, blocks]``.
+
+    Eagerly, the rows are processed in cache-sized column chunks written into reused
+    buffers; under :func:`torch.compile` the same sums are written functionally and left to
+    the compiler to fuse. Without a dense draft the second row is left at zero.
+    """
+    device = target.device
+    if torch.compiler.is_compiling():
+        t = target.chunk(0, vocab)
+        r = (t - draft.chunk(0, vocab)).clamp(min=0.0) if draft is not None else torch.zeros_like(t)
+        padded = torch.nn.functional.pad(torch.stack([t, r]), (0, -vocab % BLOCK))
+        return padded.view(2, batch, -1, BLOCK).sum(dim=-1, dtype=torch.float32)
+    masses = torch.zeros(2, batch, -(-vocab // BLOCK), dtype=torch.float32, device=device)
+    sums = masses if draft is not None else masses[:1]
+    width = _chunk_width(batch, vocab, device)
+    buf = torch.empty(sums.shape[0], batch, width, dtype=target.dtype, device=device)
     for start in range(0, vocab, width):
         stop = min(start + width, vocab)
-        chunk = buf if stop - start == width else buf.new_empty(2, batch, stop - start)
-        torch.index_select(target[:, start:stop], 0, target_rows, out=chunk[0])
-        torch.index_select(draft[:, start:stop], 0, draft_rows, out=chunk[1])
-        torch.minimum(chunk[0], chunk[1], out=chunk[1])
+        chunk = buf if stop - start == width else buf.new_empty(buf.shape[0], batch, stop - start)
+        t = target.chunk(start, stop, out=chunk[0])
+        if draft is not None:
+            torch.sub(t, draft.chunk(start, stop, out=chunk[1]), out=chunk[1]).clamp_(min=0.0)
         full, first = (stop - start) // BLOCK, start // BLOCK
         if full:
-            blocks = chunk[:, :, : full * BLOCK].view(2, batch, full, BLOCK)
-            torch.sum(blocks, dim=-1, dtype=torch.float32, out=masses[:, :, first : first + full])
+            blocks = chunk[:, :, : full * BLOCK].view(chunk.shape[0], batch, full, BLOCK)
+            torch.sum(blocks, dim=-1, dtype=torch.float32, out=sums[:, :, first : first + full])
         if (stop - start) % BLOCK:
-            masses[:, :, first + full] = chunk[:, :, full * BLOCK :].sum(
-                dim=-1, dtype=torch.float32
-            )
+            tail = chunk[:, :, full * BLOCK :]
+            sums[:, :, first + full] = tail.sum(dim=-1, dtype=torch.float32)
     return masses
+
+
+def _block_segment(target: Selection, block: torch.Tensor, vocab: int) -> tuple[torch.Tensor, ...]:
+    """The target values of block ``block[i]`` of row ``i``, ``[batch, min(BLOCK, vocab)]``.
+
+    Also returns the first column read and the token id of every column; columns before the
+    block (read when the last block is shorter than :data:`BLOCK`) are zeroed.
+    """
+    width = min(BLOCK, vocab)
+    first = block * BLOCK
+    start = first.clamp(max=vocab - width)
+    token_ids = start.unsqueeze(-1) + torch.arange(width, device=start.device)
+    q = target.segment(start, width).masked_fill_(token_ids < first.unsqueeze(-1), 0.0)
+    return q, start, token_ids
 
 
 def _pick(weights: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,52 +101,49 @@ def _pick(weights: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, t
     whatever the input) and the uniform rescaled to the inside of that cell, so that a
     hierarchy of cells can be descended with a single uniform.
     """
-    cum = weights.to(torch.float64).cumsum(dim=-1)
-    total = cum[:, -1:].contiguous()
+    n = weights.shape[-1]
+    cum = torch.nn.functional.pad(weights.to(torch.float64).cumsum(dim=-1), (1, 0))
+    total = cum[:, n:].contiguous()
     x = uniform.unsqueeze(-1) * total
-    cell = torch.minimum(
-        torch.searchsorted(cum, x, right=True), torch.searchsorted(cum, total, right=False)
-    ).clamp_(max=weights.shape[-1] - 1)
-    below = torch.where(cell > 0, cum.gather(1, (cell - 1).clamp(min=0)), torch.zeros_like(x))
-    inside = (x - below) / (cum.gather(1, cell) - below)
-    return cell.squeeze(-1), inside.squeeze(-1).nan_to_num_(0.0).clamp_(0.0, 1.0)
-
-
-def _segments(
-    probs: torch.Tensor, rows: torch.Tensor, start: torch.Tensor, width: int
-) -> torch.Tensor:
-    """``probs[rows[i], start[i] : start[i] + width]`` for each ``i``, as ``[batch, width]``.
-
-    Indexes a sliding-window view of the rows, so one contiguous segment is copied per row.
-    """
-    n_rows, vocab = probs.shape
-    windows = probs.as_strided(
-        (n_rows, vocab - width + 1, width), (probs.stride(0), 1, 1), probs.storage_offset()
+    cell = (
+        torch.minimum(
+            torch.searchsorted(cum, x, right=True), torch.searchsorted(cum, total, right=False)
+        )
+        .sub_(1)
+        .clamp_(0, n - 1)
     )
-    return windows[rows, start].to(torch.float32)
+    bounds = cum.gather(1, torch.cat([cell, cell + 1], dim=1))
+    inside = (x.squeeze(-1) - bounds[:, 0]) / (bounds[:, 1] - bounds[:, 0])
+    return cell.squeeze(-1), inside.nan_to_num_(0.0).clamp_(0.0, 1.0)
 
 
 def sample_residual(
-    target: torch.Tensor,
-    target_rows: torch.Tensor,
-    draft: torch.Tensor,
-    draft_rows: torch.Tensor,
+    target: Selection,
     uniform: torch.Tensor,
+    vocab: int,
+    *,
+    draft: Selection | None = None,
+    draft_weight: torch.Tensor | None = None,
+    draft_token: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Draw one token per row from ``normalize(max(0, target[row] - draft[row]))``.
+    """Draw one token per row from ``normalize(max(0, q - p))``.
 
     Parameters
     ----------
-    target : torch.Tensor
-        ``[rows, vocab]`` target probabilities ``q`` (float32, float16 or bfloat16).
-    target_rows : torch.Tensor
-        ``[batch]`` int64: which row of ``target`` each draw reads.
-    draft : torch.Tensor
-        ``[rows, vocab]`` draft probabilities ``p``.
-    draft_rows : torch.Tensor
-        ``[batch]`` int64: which row of ``draft`` each draw reads.
+    target : Selection
+        The target rows ``q`` of the step (see :mod:`specsample.verify.rows`).
     uniform : torch.Tensor
         ``[batch]`` float64 uniforms in ``[0, 1)``, one per draw.
+    vocab : int
+        Vocabulary size.
+    draft : Selection, optional
+        Dense draft rows ``p``.
+    draft_weight : torch.Tensor, optional
+        ``[batch]`` float32 factor on the dense draft row: 1 where the row was rejected,
+        0 where no draft applies (the bonus position), so that row samples ``q``.
+    draft_token : torch.Tensor, optional
+        ``[batch]`` int64 one-hot drafts (a drafter without probabilities); an id outside
+        ``[0, vocab)`` means no draft for that row. Exclusive with ``draft``.
 
     Returns
     -------
@@ -152,33 +154,51 @@ def sample_residual(
     Examples
     --------
     >>> import torch
-    >>> q = torch.tensor([[0.5, 0.5, 0.0]])
-    >>> p = torch.tensor([[0.5, 0.0, 0.5]])
+    >>> from specsample.verify.rows import ProbRows
     >>> row, u = torch.tensor([0]), torch.tensor([0.99], dtype=torch.float64)
-    >>> sample_residual(q, row, p, row, u)
+    >>> q = ProbRows(torch.tensor([[0.5, 0.5, 0.0]])).select(row)
+    >>> p = ProbRows(torch.tensor([[0.5, 0.0, 0.5]])).select(row)
+    >>> sample_residual(q, u, 3, draft=p)
     tensor([1])
+    >>> sample_residual(q, u, 3, draft_token=torch.tensor([1]))
+    tensor([0])
     """
-    vocab = target.shape[-1]
-    target_mass, overlap_mass = _block_masses(target, target_rows, draft, draft_rows)
-    residual_mass = target_mass - overlap_mass
+    batch = uniform.shape[0]
+    target_mass, residual_mass = _block_masses(target, draft, batch, vocab)
+    keep = None
+    if draft is not None and draft_weight is not None:
+        keep = draft_weight.unsqueeze(-1) > 0
+        residual_mass = torch.where(keep, residual_mass, target_mass)
+    elif draft is None:
+        residual_mass = target_mass
+    excluded = None
+    if draft_token is not None:
+        token = draft_token.to(torch.int64)
+        excluded = torch.where((token >= 0) & (token < vocab), token, -1).unsqueeze(-1)
+        q, _, token_ids = _block_segment(target, token.clamp(0, vocab - 1) // BLOCK, vocab)
+        without = q.masked_fill_(token_ids == excluded, 0.0).sum(dim=-1, keepdim=True)
+        own_block = (token.clamp(0, vocab - 1) // BLOCK).unsqueeze(-1)
+        residual_mass = torch.where(
+            excluded >= 0, residual_mass.scatter(1, own_block, without), residual_mass
+        )
     use_target = ~(residual_mass.sum(dim=-1, dtype=torch.float64) > 0)
     block, u = _pick(torch.where(use_target.unsqueeze(-1), target_mass, residual_mass), uniform)
 
-    width = min(BLOCK, vocab)
-    first = block * BLOCK
-    start = first.clamp(max=vocab - width)
-    q = _segments(target, target_rows, start, width)
-    p = _segments(draft, draft_rows, start, width)
-    residual = torch.where(use_target.unsqueeze(-1), q, (q - p).clamp_(min=0.0))
-    before_block = start.unsqueeze(-1) + torch.arange(width, device=start.device) < first.unsqueeze(
-        -1
-    )
-    residual.masked_fill_(before_block, 0.0)
+    q, start, token_ids = _block_segment(target, block, vocab)
+    residual = q
+    if draft is not None:
+        p = draft.segment(start, q.shape[-1])
+        residual = (q - p).clamp_(min=0.0)
+        if keep is not None:
+            residual = torch.where(keep, residual, q)
+    elif excluded is not None:
+        residual = q.masked_fill(token_ids == excluded, 0.0)
+    residual = torch.where(use_target.unsqueeze(-1), q, residual)
     offset = torch.zeros_like(start)
-    if width == BLOCK:
+    if residual.shape[-1] == BLOCK:
         parts = residual.view(-1, _SUB, BLOCK // _SUB)
         sub, u = _pick(parts.sum(dim=-1), u)
         residual = parts.gather(1, sub.view(-1, 1, 1).expand(-1, 1, BLOCK // _SUB)).squeeze(1)
         offset = sub * (BLOCK // _SUB)
-    token, _ = _pick(residual, u)
-    return (start + offset + token).clamp_(min=0, max=vocab - 1)
+    token_in, _ = _pick(residual, u)
+    return (start + offset + token_in).clamp_(min=0, max=vocab - 1)

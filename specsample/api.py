@@ -1,0 +1,392 @@
+"""The functional API engines call: :func:`verify` on flattened, ragged logits.
+
+The batch is flattened the way serving engines hold it: request ``i`` contributes
+``num_draft_tokens[i]`` draft positions (zero allowed) and one bonus position. Target logits
+hold, request after request, the rows of its draft positions then of its bonus position
+(``[total_drafts + batch, vocab]``); draft ids (and draft probabilities or logits, when the
+drafter has them) hold the draft positions only (``[total_drafts]``, ``[total_drafts, vocab]``).
+
+The contract. The distribution preserved is the target's *processed* distribution: its
+logits after the request's temperature, top-k, top-p and min-p, in that order (see
+:mod:`specsample.probs`). The draft distribution must be exactly the one each draft was
+sampled from: ``draft_probs`` as given, or ``softmax(draft_logits)`` (apply the drafter's
+own temperature and filters before passing logits). Without either, the draft is treated as
+one-hot: draft ``x`` is accepted with probability ``q(x)``, and on rejection the token is
+drawn from ``q`` with ``x`` removed, renormalised; this is exact for any drafter, n-gram and
+greedy heads included, as long as the draft does not depend on the verifier's randomness.
+Requests with temperature 0 are greedy: drafts are accepted while they equal the target
+argmax, the first mismatch emits the argmax, and the bonus is the argmax of the bonus row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from specsample.metadata import BatchLayout, SamplingMetadata, Scalars
+from specsample.probs import RowStats, row_stats
+from specsample.random import step_uniforms
+from specsample.verify.chain import count_accepted, emit
+from specsample.verify.residual import sample_residual
+from specsample.verify.rows import LogitRows, ProbRows, flat_rows
+
+__all__ = ["METHODS", "VerifyOutput", "verify", "verify_padded"]
+
+METHODS = ("chain",)
+"""Verification rules :func:`verify` accepts."""
+
+
+class VerifyOutput(NamedTuple):
+    """What :func:`verify` returns.
+
+    Attributes
+    ----------
+    token_ids : torch.Tensor
+        ``[batch, max_drafts + 1]`` int64: accepted drafts, then one more token, then -1.
+    num_emitted : torch.Tensor
+        ``[batch]`` int64: tokens emitted per request (accepted drafts plus one).
+    logprobs : torch.Tensor or None
+        ``[batch, max_drafts + 1]`` float32 log-probabilities of the emitted tokens under the
+        processed target distribution (greedy requests: under ``softmax(logits)``); NaN at
+        padding. ``None`` unless requested.
+    """
+
+    token_ids: torch.Tensor
+    num_emitted: torch.Tensor
+    logprobs: torch.Tensor | None
+
+
+def _require(name: str, value: object) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def _check_inputs(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    layout: BatchLayout,
+    draft_rows: torch.Tensor | None,
+    draft_name: str,
+    strict: bool,
+) -> None:
+    if target_logits.dim() != 2:
+        raise ValueError(
+            "target_logits must have shape [total_drafts + batch, vocab], "
+            f"got {tuple(target_logits.shape)}"
+        )
+    if target_logits.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        raise TypeError(f"target_logits must be a floating tensor, got {target_logits.dtype}")
+    if draft_token_ids.dim() != 1 or draft_token_ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(
+            f"draft_token_ids must be a 1-D int64 or int32 tensor, got {draft_token_ids.dtype} "
+            f"of shape {tuple(draft_token_ids.shape)}"
+        )
+    rows, vocab = target_logits.shape
+    total = layout.total_drafts
+    if draft_token_ids.shape[0] != total:
+        raise ValueError(
+            f"num_draft_tokens adds up to {total} "
+            f"but draft_token_ids has {draft_token_ids.shape[0]} entries"
+        )
+    if rows != total + layout.batch:
+        raise ValueError(
+            f"target_logits must have total_drafts + batch = {total + layout.batch} rows "
+            f"(num_draft_tokens adds up to {total}, batch {layout.batch}), got {rows}"
+        )
+    if draft_token_ids.device != target_logits.device:
+        raise ValueError(
+            f"draft_token_ids is on {draft_token_ids.device} "
+            f"but target_logits is on {target_logits.device}"
+        )
+    if draft_rows is not None:
+        if draft_rows.shape != (total, vocab):
+            raise ValueError(
+                f"{draft_name} must have shape {(total, vocab)}, got {tuple(draft_rows.shape)}"
+            )
+        if draft_rows.device != target_logits.device:
+            raise ValueError(
+                f"{draft_name} is on {draft_rows.device} "
+                f"but target_logits is on {target_logits.device}"
+            )
+        if not draft_rows.dtype.is_floating_point:
+            raise TypeError(f"{draft_name} must be a floating tensor, got {draft_rows.dtype}")
+    if strict:
+        if bool(torch.isnan(target_logits).any()):
+            raise ValueError("target_logits contains NaN")
+        if total and bool(((draft_token_ids < 0) | (draft_token_ids >= vocab)).any()):
+            raise ValueError(f"draft_token_ids must lie in [0, {vocab})")
+        if draft_rows is not None and bool(torch.isnan(draft_rows).any()):
+            raise ValueError(f"{draft_name} contains NaN")
+
+
+def _per_row(
+    values: Sequence[float], index: list[int], device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
+    return torch.tensor([values[i] for i in index], dtype=dtype).to(device, non_blocking=True)
+
+
+def _target_stats(
+    logits: torch.Tensor, meta: SamplingMetadata, layout: BatchLayout, need_norm: bool
+) -> RowStats:
+    """Row statistics of every target row, with each request's parameters (greedy: none)."""
+    device = logits.device
+    request = layout.target_request()
+    inv_t = [1.0 / t if t > 0 else 1.0 for t in meta.temperature]
+    return row_stats(
+        logits,
+        _per_row(inv_t, request, device, torch.float32),
+        top_k=_per_row(meta.top_k, request, device, torch.int64) if meta.max_top_k else None,
+        max_top_k=meta.max_top_k,
+        top_p=_per_row(meta.top_p, request, device, torch.float32) if meta.any_top_p else None,
+        min_p=_per_row(meta.min_p, request, device, torch.float32) if meta.any_min_p else None,
+        need_norm=need_norm,
+    )
+
+
+def _log_q(
+    logits: torch.Tensor, stats: RowStats, rows: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """``log q(ids)`` at target ``rows`` (same shape), ``-inf`` where the token is filtered."""
+    z = logits[rows, ids].to(torch.float32) * stats.inv_temperature[rows]
+    return torch.where(z >= stats.cutoff[rows], z - stats.log_norm[rows], -torch.inf)
+
+
+def _draft_side(
+    draft_probs: torch.Tensor | None,
+    draft_logits: torch.Tensor | None,
+    draft_index: torch.Tensor,
+    ids: torch.Tensor,
+) -> tuple[ProbRows | LogitRows | None, torch.Tensor]:
+    """The draft rows as a source for the residual, and ``p(ids)`` (float64) at the drafts.
+
+    Without draft rows the drafts are one-hot: no source, and ``p = 1`` at every draft.
+    """
+    if draft_probs is not None:
+        return ProbRows(draft_probs), draft_probs[draft_index, ids].to(torch.float64)
+    if draft_logits is not None:
+        ones = torch.ones(draft_logits.shape[0], device=draft_logits.device)
+        stats = row_stats(draft_logits, ones)
+        log_p = draft_logits[draft_index, ids].to(torch.float32) - stats.log_norm[draft_index]
+        return LogitRows(draft_logits, ones, stats.cutoff, stats.log_norm), log_p.exp().double()
+    return None, torch.ones(ids.shape, dtype=torch.float64, device=ids.device)
+
+
+def _seeds_tensor(
+    seeds: Sequence[int | None] | torch.Tensor | None, batch: int, device: torch.device
+) -> torch.Tensor | None:
+    if seeds is None:
+        return None
+    if isinstance(seeds, torch.Tensor):
+        if seeds.shape != (batch,) or seeds.dtype.is_floating_point:
+            raise ValueError(
+                f"seeds must be an integer tensor of shape ({batch},), got {tuple(seeds.shape)}"
+            )
+        return seeds.to(device=device, dtype=torch.int64)
+    values = [-1 if s is None else int(s) for s in seeds]
+    if len(values) != batch:
+        raise ValueError(f"seeds must have one entry per request ({batch}), got {len(values)}")
+    if any(v < -1 for v in values):
+        raise ValueError("seeds must be non-negative (None or -1: unseeded)")
+    return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
+
+
+def verify(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: Sequence[int] | torch.Tensor,
+    *,
+    draft_probs: torch.Tensor | None = None,
+    draft_logits: torch.Tensor | None = None,
+    temperature: Scalars = 1.0,
+    top_k: Scalars = None,
+    top_p: Scalars = None,
+    min_p: Scalars = None,
+    seeds: Sequence[int | None] | torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    method: str = "chain",
+    return_logprobs: bool = False,
+    strict: bool = False,
+) -> VerifyOutput:
+    """Verify the drafts of a flattened, ragged batch from target logits.
+
+    Parameters
+    ----------
+    target_logits : torch.Tensor
+        ``[total_drafts + batch, vocab]`` (float32, float16 or bfloat16): per request, the
+        rows of its draft positions, then its bonus row.
+    draft_token_ids : torch.Tensor
+        ``[total_drafts]`` int64 drafts, request after request. Ids outside ``[0, vocab)``
+        are rejected.
+    num_draft_tokens : sequence of int or CPU tensor
+        ``[batch]`` drafts per request (zeros allowed). Host-side metadata: it fixes the
+        output width without a device synchronisation.
+    draft_probs : torch.Tensor, optional
+        ``[total_drafts, vocab]`` the distributions the drafts were sampled from.
+    draft_logits : torch.Tensor, optional
+        ``[total_drafts, vocab]`` logits whose softmax the drafts were sampled from.
+        Exclusive with ``draft_probs``; with neither, drafts are one-hot.
+    temperature, top_k, top_p, min_p : scalar, sequence or CPU tensor
+        Per-request sampling parameters (host-side): temperature >= 0 (0 = greedy),
+        top_k >= 0 (0 = off), top_p in (0, 1] (1 = off), min_p in [0, 1] (0 = off).
+    seeds : sequence of (int or None), or tensor, optional
+        ``[batch]`` per-request seeds (None or -1: unseeded). A seeded request's output
+        depends only on its seed, its ``positions`` entry and its own rows: not on its index
+        or on the other requests.
+    positions : torch.Tensor, optional
+        ``[batch]`` int64 position of each request's first draft in its sequence (default 0);
+        randomness is keyed by ``(seed, position)``, so advance it step after step.
+    generator : torch.Generator, optional
+        Randomness for unseeded requests.
+    method : str
+        Verification rule; one of :data:`METHODS`.
+    return_logprobs : bool
+        Also return the log-probabilities of the emitted tokens.
+    strict : bool
+        Also check values (NaN logits, ids out of range); this synchronises with the device.
+
+    Returns
+    -------
+    VerifyOutput
+        ``token_ids [batch, max_drafts + 1]``, ``num_emitted [batch]``, and ``logprobs``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> logits = torch.tensor([[0.0, 9.0], [9.0, 0.0], [0.0, 9.0], [9.0, 0.0]])
+    >>> out = verify(logits, torch.tensor([1, 0]), [2, 0], temperature=0.0)
+    >>> out.token_ids.tolist(), out.num_emitted.tolist()
+    ([[1, 0, 1], [0, -1, -1]], [3, 1])
+    """
+    target_logits = _require("target_logits", target_logits)
+    draft_token_ids = _require("draft_token_ids", draft_token_ids)
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if draft_probs is not None and draft_logits is not None:
+        raise ValueError("pass draft_probs or draft_logits, not both")
+    device = target_logits.device
+    layout = BatchLayout.build(num_draft_tokens, device)
+    meta = SamplingMetadata.build(
+        layout.batch, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p
+    )
+    draft_rows = draft_probs if draft_probs is not None else draft_logits
+    draft_name = "draft_probs" if draft_probs is not None else "draft_logits"
+    _check_inputs(target_logits, draft_token_ids, layout, draft_rows, draft_name, strict)
+    seed_t = _seeds_tensor(seeds, layout.batch, device)
+
+    batch, vocab, width = layout.batch, target_logits.shape[-1], layout.max_drafts
+    stats = _target_stats(target_logits, meta, layout, not meta.all_greedy or return_logprobs)
+    cols = torch.arange(width, device=device)
+    in_request = cols < layout.num_drafts_t.unsqueeze(-1)
+    last_draft = max(layout.total_drafts - 1, 0)
+    draft_index = (layout.draft_start.unsqueeze(-1) + cols).clamp_(max=last_draft)
+    if layout.total_drafts:
+        ids = torch.where(in_request, draft_token_ids.to(torch.int64)[draft_index], -1)
+    else:
+        ids = torch.full((batch, width), -1, dtype=torch.int64, device=device)
+    in_vocab = (ids >= 0) & (ids < vocab)
+    safe_ids = ids.clamp(0, vocab - 1)
+    target_index = (layout.target_start.unsqueeze(-1) + cols).clamp_(max=target_logits.shape[0] - 1)
+    greedy = torch.tensor([t == 0.0 for t in meta.temperature]).to(device, non_blocking=True)
+
+    accepted = ids == stats.argmax[target_index]
+    uniforms = None
+    draft_source: ProbRows | LogitRows | None = None
+    if not meta.all_greedy:
+        uniforms = step_uniforms(batch, width, device, generator, seed_t, positions)
+        log_q = _log_q(target_logits, stats, target_index, safe_ids)
+        draft_source, p_at = _draft_side(draft_probs, draft_logits, draft_index, safe_ids)
+        sampled_ok = uniforms[:, :width] * p_at < log_q.exp().to(torch.float64)
+        accepted = torch.where(greedy.unsqueeze(-1), accepted, sampled_ok)
+    num_accepted = count_accepted(accepted & in_request & in_vocab)
+    final_row = layout.target_start + num_accepted
+    final = stats.argmax[final_row]
+    if uniforms is not None:
+        rejected = num_accepted < layout.num_drafts_t
+        target_sel = LogitRows(
+            target_logits, stats.inv_temperature, stats.cutoff, stats.log_norm
+        ).select(final_row)
+        if draft_source is None:
+            at = num_accepted.clamp(max=max(width - 1, 0)).unsqueeze(-1)
+            draft_token = (
+                torch.where(rejected, ids.gather(1, at).squeeze(-1), -1) if width else None
+            )
+            drawn = sample_residual(target_sel, uniforms[:, width], vocab, draft_token=draft_token)
+        else:
+            draft_row = (layout.draft_start + num_accepted).clamp_(max=last_draft)
+            drawn = sample_residual(
+                target_sel,
+                uniforms[:, width],
+                vocab,
+                draft=draft_source.select(draft_row),
+                draft_weight=rejected.to(torch.float32),
+            )
+        final = torch.where(greedy, final, drawn)
+    token_ids = emit(ids, num_accepted, final)
+    logprobs = None
+    if return_logprobs:
+        rows = (layout.target_start.unsqueeze(-1) + torch.arange(width + 1, device=device)).clamp_(
+            max=target_logits.shape[0] - 1
+        )
+        logprobs = _log_q(target_logits, stats, rows, token_ids.clamp(min=0))
+        logprobs = logprobs.masked_fill_(token_ids < 0, torch.nan)
+    return VerifyOutput(token_ids, num_accepted + 1, logprobs)
+
+
+def verify_padded(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    *,
+    draft_probs: torch.Tensor | None = None,
+    draft_logits: torch.Tensor | None = None,
+    **kwargs: object,
+) -> VerifyOutput:
+    """:func:`verify` for a padded batch with ``k`` drafts per request.
+
+    Parameters
+    ----------
+    target_logits : torch.Tensor
+        ``[batch, k + 1, vocab]``: the ``k`` draft positions, then the bonus position.
+    draft_token_ids : torch.Tensor
+        ``[batch, k]`` int64.
+    draft_probs, draft_logits : torch.Tensor, optional
+        ``[batch, k, vocab]``.
+    **kwargs
+        Any other argument of :func:`verify`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> logits = torch.tensor([[[0.0, 9.0], [9.0, 0.0]]])
+    >>> verify_padded(logits, torch.tensor([[1]]), temperature=0.0).token_ids.tolist()
+    [[1, 0]]
+    """
+    target_logits = _require("target_logits", target_logits)
+    draft_token_ids = _require("draft_token_ids", draft_token_ids)
+    if target_logits.dim() != 3:
+        raise ValueError(
+            f"target_logits must have shape [batch, k + 1, vocab], got {tuple(target_logits.shape)}"
+        )
+    batch, k_plus_one, vocab = target_logits.shape
+    if draft_token_ids.shape != (batch, k_plus_one - 1):
+        raise ValueError(
+            f"draft_token_ids must have shape {(batch, k_plus_one - 1)}, "
+            f"got {tuple(draft_token_ids.shape)}"
+        )
+    flat_target, _ = flat_rows(target_logits)
+    if flat_target.shape[0] != batch * k_plus_one:
+        flat_target = target_logits.reshape(batch * k_plus_one, vocab)
+    flat_draft = {}
+    for name, rows in (("draft_probs", draft_probs), ("draft_logits", draft_logits)):
+        if rows is not None:
+            flat_draft[name] = _require(name, rows).reshape(-1, vocab)
+    return verify(
+        flat_target,
+        draft_token_ids.reshape(-1),
+        [k_plus_one - 1] * batch,
+        **flat_draft,  # type: ignore[arg-type]
+        **kwargs,  # type: ignore[arg-type]
+    )

@@ -1,0 +1,194 @@
+"""From logits to the processed target distribution, without materialising it.
+
+The distribution a sampled request follows is the softmax of its logits after, in this
+order:
+
+1. **temperature** ``T``: ``z = logits / T``;
+2. **top-k**: keep the tokens with ``z >= `` the ``k``-th largest ``z`` (ties at the
+   threshold are all kept);
+3. **top-p**: of what remains, keep the tokens with ``z >= `` the value of the last token
+   of the smallest prefix, in decreasing order, whose probability (renormalised after
+   top-k) reaches ``top_p`` (ties at the threshold are all kept);
+4. **min-p**: keep the tokens whose probability is at least ``min_p`` times the largest
+   (``z >= max(z) + log(min_p)``);
+
+then renormalise. Each filter keeps the tokens above a threshold on ``z`` and always keeps
+the most likely token, so the whole processing is summarised per row by three numbers:
+``inv_temperature``, ``cutoff`` (the largest of the thresholds) and ``log_norm`` (the
+log-sum-exp of the kept ``z``); ``q(x) = exp(z(x) - log_norm)`` where ``z(x) >= cutoff``,
+else 0. :func:`row_stats` computes them in row chunks, so no ``[rows, vocab]`` temporary
+larger than a chunk exists; :func:`processed_probs` materialises the distribution (a
+reference, and the naive path of the benchmark).
+
+A row whose logits are all ``-inf`` (or contain NaN) has no distribution: its
+``log_norm`` is ``+inf``, so every token has probability 0; a verifier rejects every draft
+there and emits token id 0 (sampling from it falls back to the first token).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["RowStats", "processed_probs", "row_stats"]
+
+_CPU_CHUNK_ELEMENTS = 1 << 20
+_DEVICE_CHUNK_ELEMENTS = 1 << 27
+
+
+class RowStats(NamedTuple):
+    """Per-row summary of a processed distribution (each ``[rows]``).
+
+    Attributes
+    ----------
+    inv_temperature : torch.Tensor
+        float32 ``1 / T`` (1 for greedy rows).
+    cutoff : torch.Tensor
+        float32 threshold on ``z``; ``-inf`` when no filter applies.
+    log_norm : torch.Tensor
+        float32 log-sum-exp of the kept ``z`` (``+inf`` for rows without a distribution;
+        ``nan`` when not computed, see ``need_norm`` of :func:`row_stats`).
+    argmax : torch.Tensor
+        int64 index of the largest logit (the first one on ties).
+    """
+
+    inv_temperature: torch.Tensor
+    cutoff: torch.Tensor
+    log_norm: torch.Tensor
+    argmax: torch.Tensor
+
+
+def _chunk_rows(vocab: int, device: torch.device) -> int:
+    budget = _CPU_CHUNK_ELEMENTS if device.type == "cpu" else _DEVICE_CHUNK_ELEMENTS
+    return max(1, budget // max(vocab, 1))
+
+
+def _top_p_threshold(z: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Threshold on ``z [rows, vocab]`` (already -inf outside earlier filters) for top-p."""
+    ordered = z.sort(dim=-1, descending=True).values
+    cum = ordered.softmax(dim=-1).cumsum(dim=-1)
+    last = (cum < top_p.unsqueeze(-1)).sum(dim=-1, keepdim=True).clamp_(max=z.shape[-1] - 1)
+    return ordered.gather(1, last).squeeze(-1)
+
+
+def row_stats(
+    logits: torch.Tensor,
+    inv_temperature: torch.Tensor,
+    *,
+    top_k: torch.Tensor | None = None,
+    max_top_k: int = 0,
+    top_p: torch.Tensor | None = None,
+    min_p: torch.Tensor | None = None,
+    need_norm: bool = True,
+) -> RowStats:
+    """Summarise each row's processed distribution, reading the logits once per chunk.
+
+    Parameters
+    ----------
+    logits : torch.Tensor
+        ``[rows, vocab]`` float32, float16 or bfloat16.
+    inv_temperature : torch.Tensor
+        ``[rows]`` float32 ``1 / T`` (use 1 for greedy rows).
+    top_k : torch.Tensor, optional
+        ``[rows]`` int64, 0 = off; used when ``max_top_k > 0`` (the host-side maximum).
+    top_p : torch.Tensor, optional
+        ``[rows]`` float32 in ``(0, 1]``, 1 = off.
+    min_p : torch.Tensor, optional
+        ``[rows]`` float32 in ``[0, 1]``, 0 = off.
+    need_norm : bool
+        Compute ``log_norm`` (skip it, and every ``exp``, when only the argmax is needed).
+
+    Returns
+    -------
+    RowStats
+
+    Examples
+    --------
+    >>> import torch
+    >>> logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
+    >>> s = row_stats(logits, torch.ones(1), top_k=torch.tensor([2]), max_top_k=2)
+    >>> s.cutoff.tolist(), s.argmax.tolist(), round(float(s.log_norm), 4)
+    ([2.0], [1], 3.3133)
+    """
+    rows, vocab = logits.shape
+    device = logits.device
+    cutoff = torch.full((rows,), -math.inf, device=device)
+    log_norm = torch.full((rows,), math.nan, device=device)
+    argmax = torch.empty(rows, dtype=torch.int64, device=device)
+    step = _chunk_rows(vocab, device)
+    for start in range(0, rows, step):
+        stop = min(start + step, rows)
+        z = logits[start:stop].to(torch.float32) * inv_temperature[start:stop].unsqueeze(-1)
+        top, argmax[start:stop] = z.max(dim=-1)
+        if not need_norm:
+            continue
+        cut = cutoff[start:stop]
+        if max_top_k > 0 and top_k is not None:
+            kth = z.topk(min(max_top_k, vocab), dim=-1).values
+            k = top_k[start:stop]
+            at_k = kth.gather(1, (k - 1).clamp(0, kth.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
+            cut = torch.maximum(cut, torch.where(k > 0, at_k, -math.inf))
+        if top_p is not None:
+            p = top_p[start:stop]
+            kept = z.masked_fill(z < cut.unsqueeze(-1), -math.inf)
+            cut = torch.maximum(cut, torch.where(p < 1.0, _top_p_threshold(kept, p), -math.inf))
+        if min_p is not None:
+            m = min_p[start:stop]
+            cut = torch.maximum(cut, torch.where(m > 0.0, top + torch.log(m), -math.inf))
+        cutoff[start:stop] = cut
+        dropped = z < cut.unsqueeze(-1)
+        total = z.sub_(top.unsqueeze(-1)).exp_().masked_fill_(dropped, 0.0).sum(dim=-1)
+        norm = top + total.log()
+        log_norm[start:stop] = torch.where(torch.isfinite(top), norm, math.inf)
+    return RowStats(inv_temperature, cutoff, log_norm, argmax)
+
+
+def processed_probs(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    *,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    min_p: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Materialise the processed distribution of every row (the reference definition).
+
+    Parameters
+    ----------
+    logits : torch.Tensor
+        ``[rows, vocab]``.
+    temperature : torch.Tensor
+        ``[rows]``; 0 gives the one-hot distribution of the argmax (greedy).
+    top_k, top_p, min_p : torch.Tensor, optional
+        ``[rows]`` filters as in :func:`row_stats` (0, 1 and 0 switch them off).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[rows, vocab]`` float32 probabilities.
+
+    Examples
+    --------
+    >>> import torch
+    >>> processed_probs(torch.tensor([[0.0, 0.0, 5.0]]), torch.tensor([0.0]))
+    tensor([[0., 0., 1.]])
+    """
+    greedy = temperature == 0
+    inv = torch.where(greedy, 1.0, 1.0 / temperature.to(torch.float32))
+    k = top_k if top_k is not None else torch.zeros_like(temperature, dtype=torch.int64)
+    stats = row_stats(
+        logits,
+        inv.to(torch.float32),
+        top_k=k,
+        max_top_k=int(k.max()) if k.numel() else 0,
+        top_p=top_p,
+        min_p=min_p,
+    )
+    z = logits.to(torch.float32) * stats.inv_temperature.unsqueeze(-1)
+    probs = (
+        (z - stats.log_norm.unsqueeze(-1)).exp().masked_fill(z < stats.cutoff.unsqueeze(-1), 0.0)
+    )
+    onehot = torch.nn.functional.one_hot(stats.argmax, logits.shape[-1]).to(torch.float32)
+    return torch.where(greedy.unsqueeze(-1), onehot, probs)

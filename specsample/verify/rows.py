@@ -1,0 +1,168 @@
+"""Row sources: where the residual draw reads probabilities from.
+
+A verifier reads one row per sequence at the end of a step (the first rejected position, or
+the bonus position). The rows can be stored as probabilities or as logits together with
+per-row statistics (temperature, cutoff, log-normaliser; see :mod:`specsample.probs`). A
+:class:`ProbRows` or :class:`LogitRows` is *selected* with the row indices of a step, and the
+selection hands out either a column chunk of every selected row (for the block masses) or a
+short segment per row (for the draw inside the chosen block), always as probabilities.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+__all__ = ["LogitRows", "ProbRows", "Selection", "flat_rows"]
+
+
+def flat_rows(probs: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """View ``[batch, k, vocab]`` as ``[rows, vocab]`` without copying where strides allow.
+
+    Returns the 2-D view and the row stride of the batch dimension, so that the row of
+    ``(b, j)`` is ``b * stride + j``. A tensor whose layout admits no such view (its last
+    dimension not contiguous, say) is copied once.
+
+    Examples
+    --------
+    >>> import torch
+    >>> x = torch.arange(24.0).view(2, 4, 3)[:, :3]
+    >>> flat, stride = flat_rows(x)
+    >>> stride, bool(torch.equal(flat[1 * stride + 2], x[1, 2]))
+    (4, True)
+    """
+    batch, k, vocab = probs.shape
+    s0, s1, s2 = probs.stride()
+    if s2 != 1 or s1 < vocab or s1 == 0 or s0 % s1 != 0:
+        probs = probs.contiguous()
+        s0, s1 = probs.stride()[0], probs.stride()[1]
+    stride = s0 // s1 if batch > 1 else k
+    rows = (batch - 1) * stride + k if batch > 0 else 0
+    return probs.as_strided((rows, vocab), (s1, 1)), stride
+
+
+def _windows(
+    rows_2d: torch.Tensor, rows: torch.Tensor, start: torch.Tensor, width: int
+) -> torch.Tensor:
+    """``rows_2d[rows[i], start[i] : start[i] + width]`` per ``i`` (one segment copy per row)."""
+    n_rows, vocab = rows_2d.shape
+    windows = rows_2d.as_strided((n_rows, vocab - width + 1, width), (rows_2d.stride(0), 1, 1))
+    return windows[rows, start]
+
+
+class Selection(Protocol):
+    """The rows of one step, read as probabilities."""
+
+    dtype: torch.dtype
+    device: torch.device
+
+    def chunk(self, start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Columns ``[start, stop)`` of every selected row, ``[batch, stop - start]``."""
+        ...
+
+    def segment(self, start: torch.Tensor, width: int) -> torch.Tensor:
+        """Columns ``[start[i], start[i] + width)`` of row ``i``, float32 ``[batch, width]``."""
+        ...
+
+
+class ProbRows:
+    """Rows of probabilities.
+
+    Parameters
+    ----------
+    probs : torch.Tensor
+        ``[rows, vocab]`` (any row stride, unit column stride), float32, float16, bfloat16 or
+        float64.
+
+    Examples
+    --------
+    >>> import torch
+    >>> rows = ProbRows(torch.tensor([[0.25, 0.75], [1.0, 0.0]])).select(torch.tensor([1]))
+    >>> rows.chunk(0, 2)
+    tensor([[1., 0.]])
+    """
+
+    def __init__(self, probs: torch.Tensor) -> None:
+        self.probs = probs
+
+    def select(self, rows: torch.Tensor) -> Selection:
+        """Bind the ``[batch]`` int64 row indices of a step."""
+        return _SelectedProbs(self.probs, rows)
+
+
+class _SelectedProbs:
+    def __init__(self, probs: torch.Tensor, rows: torch.Tensor) -> None:
+        self.probs, self.rows, self.dtype, self.device = probs, rows, probs.dtype, probs.device
+
+    def chunk(self, start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.index_select(self.probs[:, start:stop], 0, self.rows, out=out)
+
+    def segment(self, start: torch.Tensor, width: int) -> torch.Tensor:
+        return _windows(self.probs, self.rows, start, width).to(torch.float32)
+
+
+class LogitRows:
+    """Rows of logits with their sampling statistics.
+
+    Row ``r`` stands for the distribution
+    ``q(x) = exp(z(x) - log_norm[r])`` where ``z = logits[r] * inv_temperature[r]``, for the
+    tokens with ``z(x) >= cutoff[r]``, and ``q(x) = 0`` for the others.
+
+    Parameters
+    ----------
+    logits : torch.Tensor
+        ``[rows, vocab]`` logits (float32, float16 or bfloat16).
+    inv_temperature, cutoff, log_norm : torch.Tensor
+        ``[rows]`` float32 statistics, as computed by :func:`specsample.probs.row_stats`.
+
+    Examples
+    --------
+    >>> import math, torch
+    >>> logits = torch.tensor([[0.0, math.log(3.0)]])
+    >>> one, none = torch.ones(1), torch.tensor([-math.inf])
+    >>> rows = LogitRows(logits, one, none, torch.tensor([math.log(4.0)]))
+    >>> rows.select(torch.tensor([0])).chunk(0, 2)
+    tensor([[0.2500, 0.7500]])
+    """
+
+    def __init__(
+        self,
+        logits: torch.Tensor,
+        inv_temperature: torch.Tensor,
+        cutoff: torch.Tensor,
+        log_norm: torch.Tensor,
+    ) -> None:
+        self.logits = logits
+        self.inv_temperature, self.cutoff, self.log_norm = inv_temperature, cutoff, log_norm
+
+    def select(self, rows: torch.Tensor) -> Selection:
+        """Bind the ``[batch]`` int64 row indices of a step."""
+        return _SelectedLogits(self, rows)
+
+
+class _SelectedLogits:
+    def __init__(self, source: LogitRows, rows: torch.Tensor) -> None:
+        self.logits, self.rows, self.dtype = source.logits, rows, torch.float32
+        self.device = source.logits.device
+        self.scale = source.inv_temperature[rows].unsqueeze(-1)
+        self.cutoff = source.cutoff[rows].unsqueeze(-1)
+        self.log_norm = source.log_norm[rows].unsqueeze(-1)
+
+    def _to_probs(self, z: torch.Tensor) -> torch.Tensor:
+        z = z.mul_(self.scale)
+        dropped = z < self.cutoff
+        return z.sub_(self.log_norm).exp_().masked_fill_(dropped, 0.0)
+
+    def chunk(self, start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        columns = self.logits[:, start:stop]
+        if out is None:
+            out = columns.index_select(0, self.rows).to(torch.float32)
+        elif columns.dtype == out.dtype:
+            torch.index_select(columns, 0, self.rows, out=out)
+        else:
+            out.copy_(columns.index_select(0, self.rows))
+        return self._to_probs(out)
+
+    def segment(self, start: torch.Tensor, width: int) -> torch.Tensor:
+        return self._to_probs(_windows(self.logits, self.rows, start, width).to(torch.float32))

@@ -1,0 +1,169 @@
+"""Counter-based random numbers and per-row seeding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specsample.random import counter_uniform, row_uniforms
+from specsample.sampler import RejectionSampler
+from specsample.testing import chi2_sf, draw_inputs, make_family
+
+CPU = torch.device("cpu")
+ALPHA = 1e-6
+"""Level of the uniformity tests: the chance that an ideal generator fails one of them."""
+
+
+def _grid(seeds: torch.Tensor, n: int) -> torch.Tensor:
+    return torch.arange(n).expand(seeds.shape[0], n)
+
+
+def test_counter_uniform_is_deterministic_and_in_range() -> None:
+    seeds = torch.tensor([0, 1, -1, 2**62, -(2**63), 2**63 - 1, 123456789])
+    counters = torch.tensor([0, 1, 2, 2**32, 2**40 + 5, 2**62]).expand(seeds.shape[0], 6)
+    first = counter_uniform(seeds, counters)
+    again = counter_uniform(seeds.clone(), counters.clone())
+    assert first.dtype == torch.float64 and first.shape == (7, 6)
+    assert torch.equal(first, again)
+    assert bool(((first >= 0) & (first < 1)).all())
+    scaled = first * 2.0**32
+    assert torch.equal(scaled, scaled.floor())
+
+
+def test_counter_uniform_accepts_int32_inputs() -> None:
+    seeds = torch.tensor([3, 4], dtype=torch.int32)
+    counters = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    expected = counter_uniform(seeds.long(), counters.long())
+    assert torch.equal(counter_uniform(seeds, counters), expected)
+
+
+def test_counter_uniform_is_uniform() -> None:
+    """Chi-square test of 2**20 draws on 256 equal bins.
+
+    False-failure rate 1e-6 for an ideal generator; with df = 255 this detects a deviation
+    of TV >= 0.007 from uniform with probability >= 99% (non-central chi-square, D >= 4 TV^2).
+    """
+    seeds = torch.arange(1024)
+    values = counter_uniform(seeds, _grid(seeds, 1024)).view(-1)
+    counts = torch.bincount((values * 256).long(), minlength=256).to(torch.float64)
+    expected = values.numel() / 256
+    statistic = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2_sf(statistic, 255) >= ALPHA
+    assert abs(float(values.mean()) - 0.5) < 5 * (1 / 12 / values.numel()) ** 0.5
+
+
+def test_consecutive_counters_are_independent() -> None:
+    """Pairs ``(u_c, u_{c+1})`` fill a 16 x 16 grid uniformly.
+
+    False-failure rate 1e-6; 2**18 pairs at df = 255 detect a joint TV >= 0.014 with
+    probability >= 99%.
+    """
+    seeds = torch.arange(512) * 7 + 3
+    values = counter_uniform(seeds, _grid(seeds, 1024))
+    pairs = (values[:, 0::2] * 16).long() * 16 + (values[:, 1::2] * 16).long()
+    counts = torch.bincount(pairs.reshape(-1), minlength=256).to(torch.float64)
+    expected = pairs.numel() / 256
+    statistic = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2_sf(statistic, 255) >= ALPHA
+
+
+def test_distinct_streams_seeds_and_counters_differ() -> None:
+    seeds = torch.tensor([0, 1, 2**32, -1, 2**32 + 1])
+    counters = _grid(seeds, 64)
+    base = counter_uniform(seeds, counters)
+    for stream in (1, 2, 3):
+        other = counter_uniform(seeds, counters, stream)
+        assert float((other == base).to(torch.float64).mean()) < 0.01
+    for i in range(seeds.shape[0]):
+        for j in range(i):
+            assert float((base[i] == base[j]).to(torch.float64).mean()) < 0.05
+    high = counter_uniform(seeds, counters + 2**32)
+    assert float((high == base).to(torch.float64).mean()) < 0.01
+    shifted = counter_uniform(seeds, counters + 1)
+    assert torch.equal(shifted[:, :-1], base[:, 1:])
+    assert float((shifted == base).to(torch.float64).mean()) < 0.01
+
+
+def test_streams_are_uncorrelated() -> None:
+    """Sample correlation of streams 0 and 1 over 2**18 draws is below 5 standard errors."""
+    seeds = torch.arange(256)
+    counters = _grid(seeds, 1024)
+    a = counter_uniform(seeds, counters, 0).view(-1)
+    b = counter_uniform(seeds, counters, 1).view(-1)
+    correlation = float(torch.corrcoef(torch.stack([a, b]))[0, 1])
+    assert abs(correlation) < 5 / a.numel() ** 0.5
+
+
+@pytest.mark.parametrize("stream", [-1, 4])
+def test_stream_out_of_range_raises(stream: int) -> None:
+    with pytest.raises(ValueError, match="stream"):
+        counter_uniform(torch.tensor([1]), torch.zeros(1, 1, dtype=torch.int64), stream)
+
+
+def test_row_uniforms_mixes_seeded_and_unseeded_rows() -> None:
+    seeds = torch.tensor([5, -1, 7, -3])
+    out = row_uniforms(4, 6, device=CPU, generator=torch.Generator().manual_seed(9), seeds=seeds)
+    assert out.shape == (4, 6) and out.dtype == torch.float64
+    own = counter_uniform(seeds[[0, 2]], _grid(seeds[[0, 2]], 6))
+    assert torch.equal(out[[0, 2]], own)
+    drawn = torch.rand(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    assert torch.equal(out[[1, 3]], drawn[[1, 3]])
+    again = row_uniforms(4, 6, device=CPU, generator=torch.Generator().manual_seed(10), seeds=seeds)
+    assert torch.equal(again[[0, 2]], out[[0, 2]])
+    assert not torch.equal(again[[1, 3]], out[[1, 3]])
+
+
+def test_row_uniforms_offsets_shift_the_counters() -> None:
+    seeds = torch.tensor([11, 12])
+    offsets = torch.tensor([0, 3])
+    out = row_uniforms(2, 4, device=CPU, seeds=seeds, offsets=offsets, stream=2)
+    long = counter_uniform(seeds, _grid(seeds, 8), stream=2)
+    assert torch.equal(out[0], long[0, :4])
+    assert torch.equal(out[1], long[1, 3:7])
+
+
+def test_row_uniforms_without_seeds_uses_the_generator() -> None:
+    a = row_uniforms(3, 5, device=CPU, generator=torch.Generator().manual_seed(1))
+    b = torch.rand(3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("with_offsets", [False, True])
+def test_seeded_row_is_batch_invariant(with_offsets: bool) -> None:
+    """A seeded row gives the same output alone, first or last in a batch of 32."""
+    family = make_family("markov", 4, vocab=8, seed=3)
+    inputs = draw_inputs(family, rows=32, seed=4)
+    others = draw_inputs(make_family("random", 4, vocab=8, seed=5), rows=31, seed=6)
+    row = [t[:1] for t in inputs]
+    seed = torch.tensor([424242])
+    other_seeds = torch.cat([torch.arange(15) + 1, -torch.ones(16, dtype=torch.int64)])
+    offset = torch.tensor([17]) if with_offsets else torch.tensor([0])
+    other_offsets = torch.arange(31)
+
+    def run(
+        tensors: list[torch.Tensor], seeds: torch.Tensor, offsets: torch.Tensor
+    ) -> torch.Tensor:
+        kwargs = {"seeds": seeds}
+        if with_offsets:
+            kwargs["seed_offsets"] = offsets
+        return RejectionSampler()(*tensors, generator=torch.Generator().manual_seed(0), **kwargs)
+
+    alone = run(row, seed, offset)
+    first = run([torch.cat([a, b]) for a, b in zip(row, others, strict=True)],
+                torch.cat([seed, other_seeds]), torch.cat([offset, other_offsets]))
+    last = run([torch.cat([b, a]) for a, b in zip(row, others, strict=True)],
+               torch.cat([other_seeds, seed]), torch.cat([other_offsets, offset]))
+    assert torch.equal(first[:1], alone)
+    assert torch.equal(last[-1:], alone)
+    outputs = {tuple(run(row, torch.tensor([s]), offset)[0].tolist()) for s in range(200)}
+    assert len(outputs) > 1, "the row's output must depend on its seed"
+
+
+def test_seed_offsets_change_the_draws() -> None:
+    inputs = draw_inputs(make_family("random", 4, vocab=8, seed=3), rows=256, seed=4)
+    seeds = torch.arange(256)
+    a = RejectionSampler()(*inputs, seeds=seeds)
+    b = RejectionSampler()(*inputs, seeds=seeds, seed_offsets=torch.zeros(256, dtype=torch.int64))
+    c = RejectionSampler()(*inputs, seeds=seeds, seed_offsets=torch.full((256,), 5))
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
