@@ -1,22 +1,32 @@
 """specsample: the exact, fast verification step of speculative decoding.
 
-The main entry point is :class:`RejectionSampler`, a drop-in ``nn.Module`` that accepts a
-prefix of each sequence's drafted tokens and emits one more, so that the emitted stream
-follows the target distribution exactly. :mod:`specsample.testing` is the exactness harness
-that proves it (and can test any verifier with the same signature); :mod:`specsample.stats`
-holds the counters and metrics.
+Two entry points share one implementation:
+
+* :class:`RejectionSampler`, a drop-in ``nn.Module`` on ``[batch, k, vocab]`` probabilities;
+* :func:`verify`, the functional API engines call on flattened, ragged target logits with
+  per-request sampling parameters (and :func:`verify_padded` for ``[batch, k + 1, vocab]``).
+
+Both accept a prefix of each sequence's drafted tokens and emit one more, so that the emitted
+stream follows the target distribution exactly. :mod:`specsample.testing` is the exactness
+harness that proves it (and can test any verifier with the same signature);
+:mod:`specsample.stats` holds the counters and metrics.
 """
 
+from specsample.api import METHODS, VerifyOutput, verify, verify_padded
+from specsample.rules import VerifyResult, chain_verify
 from specsample.sampler import RejectionSampler
 from specsample.stats import VerificationStats, expected_acceptance
-from specsample.verify import VerifyResult, chain_verify
 
 __all__ = [
+    "METHODS",
     "RejectionSampler",
     "VerificationStats",
+    "VerifyOutput",
     "VerifyResult",
     "chain_verify",
     "expected_acceptance",
+    "verify",
+    "verify_padded",
 ]
 
 __version__ = "0.1.0"

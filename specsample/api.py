@@ -28,9 +28,9 @@ import torch
 from specsample.metadata import BatchLayout, SamplingMetadata, Scalars
 from specsample.probs import RowStats, row_stats
 from specsample.random import step_uniforms
-from specsample.verify.chain import count_accepted, emit
-from specsample.verify.residual import sample_residual
-from specsample.verify.rows import LogitRows, ProbRows, flat_rows
+from specsample.rules.chain import count_accepted, emit
+from specsample.rules.residual import sample_residual
+from specsample.rules.rows import LogitRows, ProbRows, Selection, flat_rows
 
 __all__ = ["METHODS", "VerifyOutput", "verify", "verify_padded"]
 
@@ -277,63 +277,100 @@ def verify(
     _check_inputs(target_logits, draft_token_ids, layout, draft_rows, draft_name, strict)
     seed_t = _seeds_tensor(seeds, layout.batch, device)
 
-    batch, vocab, width = layout.batch, target_logits.shape[-1], layout.max_drafts
     stats = _target_stats(target_logits, meta, layout, not meta.all_greedy or return_logprobs)
-    cols = torch.arange(width, device=device)
-    in_request = cols < layout.num_drafts_t.unsqueeze(-1)
-    last_draft = max(layout.total_drafts - 1, 0)
-    draft_index = (layout.draft_start.unsqueeze(-1) + cols).clamp_(max=last_draft)
-    if layout.total_drafts:
-        ids = torch.where(in_request, draft_token_ids.to(torch.int64)[draft_index], -1)
-    else:
-        ids = torch.full((batch, width), -1, dtype=torch.int64, device=device)
-    in_vocab = (ids >= 0) & (ids < vocab)
-    safe_ids = ids.clamp(0, vocab - 1)
-    target_index = (layout.target_start.unsqueeze(-1) + cols).clamp_(max=target_logits.shape[0] - 1)
+    drafts = _padded_drafts(draft_token_ids, layout, target_logits.shape[-1])
     greedy = torch.tensor([t == 0.0 for t in meta.temperature]).to(device, non_blocking=True)
-
-    accepted = ids == stats.argmax[target_index]
-    uniforms = None
-    draft_source: ProbRows | LogitRows | None = None
-    if not meta.all_greedy:
-        uniforms = step_uniforms(batch, width, device, generator, seed_t, positions)
-        log_q = _log_q(target_logits, stats, target_index, safe_ids)
-        draft_source, p_at = _draft_side(draft_probs, draft_logits, draft_index, safe_ids)
-        sampled_ok = uniforms[:, :width] * p_at < log_q.exp().to(torch.float64)
+    accepted = drafts.ids == stats.argmax[drafts.target_rows]
+    if meta.all_greedy:
+        num_accepted = count_accepted(accepted & drafts.valid)
+        final = stats.argmax[layout.target_start + num_accepted]
+    else:
+        uniforms = step_uniforms(
+            layout.batch, layout.max_drafts, device, generator, seed_t, positions
+        )
+        log_q = _log_q(target_logits, stats, drafts.target_rows, drafts.safe_ids)
+        source, p_at = _draft_side(draft_probs, draft_logits, drafts.draft_rows, drafts.safe_ids)
+        sampled_ok = uniforms[:, :-1] * p_at < log_q.exp().to(torch.float64)
         accepted = torch.where(greedy.unsqueeze(-1), accepted, sampled_ok)
-    num_accepted = count_accepted(accepted & in_request & in_vocab)
-    final_row = layout.target_start + num_accepted
-    final = stats.argmax[final_row]
-    if uniforms is not None:
-        rejected = num_accepted < layout.num_drafts_t
-        target_sel = LogitRows(
-            target_logits, stats.inv_temperature, stats.cutoff, stats.log_norm
-        ).select(final_row)
-        if draft_source is None:
-            at = num_accepted.clamp(max=max(width - 1, 0)).unsqueeze(-1)
-            draft_token = (
-                torch.where(rejected, ids.gather(1, at).squeeze(-1), -1) if width else None
-            )
-            drawn = sample_residual(target_sel, uniforms[:, width], vocab, draft_token=draft_token)
-        else:
-            draft_row = (layout.draft_start + num_accepted).clamp_(max=last_draft)
-            drawn = sample_residual(
-                target_sel,
-                uniforms[:, width],
-                vocab,
-                draft=draft_source.select(draft_row),
-                draft_weight=rejected.to(torch.float32),
-            )
-        final = torch.where(greedy, final, drawn)
-    token_ids = emit(ids, num_accepted, final)
+        num_accepted = count_accepted(accepted & drafts.valid)
+        final_row = layout.target_start + num_accepted
+        drawn = _final_draw(
+            LogitRows(target_logits, *stats[:3]).select(final_row),
+            target_logits.shape[-1],
+            uniforms[:, -1],
+            source,
+            layout,
+            drafts,
+            num_accepted,
+        )
+        final = torch.where(greedy, stats.argmax[final_row], drawn)
+    token_ids = emit(drafts.ids, num_accepted, final)
     logprobs = None
     if return_logprobs:
-        rows = (layout.target_start.unsqueeze(-1) + torch.arange(width + 1, device=device)).clamp_(
-            max=target_logits.shape[0] - 1
-        )
-        logprobs = _log_q(target_logits, stats, rows, token_ids.clamp(min=0))
-        logprobs = logprobs.masked_fill_(token_ids < 0, torch.nan)
+        logprobs = _emitted_logprobs(target_logits, stats, layout, token_ids)
     return VerifyOutput(token_ids, num_accepted + 1, logprobs)
+
+
+class _Drafts(NamedTuple):
+    """The drafts of a step, padded to ``[batch, max_drafts]``."""
+
+    ids: torch.Tensor
+    safe_ids: torch.Tensor
+    valid: torch.Tensor
+    draft_rows: torch.Tensor
+    target_rows: torch.Tensor
+
+
+def _padded_drafts(draft_token_ids: torch.Tensor, layout: BatchLayout, vocab: int) -> _Drafts:
+    """Pad the flat drafts; ``valid`` marks real drafts whose id lies in the vocabulary."""
+    device = draft_token_ids.device
+    cols = torch.arange(layout.max_drafts, device=device)
+    in_request = cols < layout.num_drafts_t.unsqueeze(-1)
+    draft_rows = (layout.draft_start.unsqueeze(-1) + cols).clamp_(
+        max=max(layout.total_drafts - 1, 0)
+    )
+    target_rows = (layout.target_start.unsqueeze(-1) + cols).clamp_(
+        max=layout.total_drafts + layout.batch - 1
+    )
+    if layout.total_drafts:
+        ids = torch.where(in_request, draft_token_ids.to(torch.int64)[draft_rows], -1)
+    else:
+        ids = torch.full((layout.batch, layout.max_drafts), -1, dtype=torch.int64, device=device)
+    valid = in_request & (ids >= 0) & (ids < vocab)
+    return _Drafts(ids, ids.clamp(0, vocab - 1), valid, draft_rows, target_rows)
+
+
+def _final_draw(
+    target: Selection,
+    vocab: int,
+    uniform: torch.Tensor,
+    source: ProbRows | LogitRows | None,
+    layout: BatchLayout,
+    drafts: _Drafts,
+    num_accepted: torch.Tensor,
+) -> torch.Tensor:
+    """The token after the accepted drafts: residual at a rejection, else the bonus draw."""
+    rejected = num_accepted < layout.num_drafts_t
+    if source is None:
+        if not layout.max_drafts:
+            return sample_residual(target, uniform, vocab)
+        at = num_accepted.clamp(max=layout.max_drafts - 1).unsqueeze(-1)
+        token = torch.where(rejected, drafts.ids.gather(1, at).squeeze(-1), -1)
+        return sample_residual(target, uniform, vocab, draft_token=token)
+    row = (layout.draft_start + num_accepted).clamp_(max=max(layout.total_drafts - 1, 0))
+    return sample_residual(
+        target, uniform, vocab, draft=source.select(row), draft_weight=rejected.to(torch.float32)
+    )
+
+
+def _emitted_logprobs(
+    logits: torch.Tensor, stats: RowStats, layout: BatchLayout, token_ids: torch.Tensor
+) -> torch.Tensor:
+    """``log q`` of each emitted token at its own target row; NaN at padding."""
+    cols = torch.arange(token_ids.shape[-1], device=token_ids.device)
+    rows = (layout.target_start.unsqueeze(-1) + cols).clamp_(max=logits.shape[0] - 1)
+    logprobs = _log_q(logits, stats, rows, token_ids.clamp(min=0))
+    return logprobs.masked_fill_(token_ids < 0, torch.nan)
 
 
 def verify_padded(

@@ -2,7 +2,7 @@
 
 This is host-side metadata, built once per step from Python values (or CPU tensors) and
 turned into a few small device tensors; the kernels in :mod:`specsample.probs` and
-:mod:`specsample.verify` only read those. Keeping the flags (all greedy? any top-p?) on the
+:mod:`specsample.rules` only read those. Keeping the flags (all greedy? any top-p?) on the
 host is what lets the device work run without ever synchronising.
 """
 

@@ -7,8 +7,8 @@ from torch import nn
 
 from specsample.checks import check_chain_inputs, check_chain_values
 from specsample.random import step_uniforms
+from specsample.rules.chain import chain_verify
 from specsample.stats import VerificationStats
-from specsample.verify.chain import chain_verify
 
 __all__ = ["RejectionSampler"]
 
@@ -44,7 +44,7 @@ class RejectionSampler(nn.Module):
         and never produce an id outside ``[0, vocab)`` from the verifier: drafts outside the
         vocabulary are rejected, NaN probabilities reject their draft, and a residual with no
         positive finite mass is replaced by the target row (see
-        :mod:`specsample.verify.residual`); the bonus ids are passed through as given.
+        :mod:`specsample.rules.residual`); the bonus ids are passed through as given.
 
     Attributes
     ----------

@@ -28,9 +28,9 @@ import sys
 import pytest
 import torch
 
+from specsample.rules.chain import emit
 from specsample.sampler import RejectionSampler
 from specsample.testing import FAMILIES, draw_inputs, exactness_report, make_family
-from specsample.verify.chain import emit
 
 ROWS = 100_000
 ALPHA = 1e-4

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from specsample.rules.chain import chain_verify
 from specsample.sampler import RejectionSampler
-from specsample.verify.chain import chain_verify
 
 SETTINGS = settings(max_examples=60, deadline=None)
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specsample.rules.chain import chain_verify
+from specsample.rules.residual import sample_residual
+from specsample.rules.rows import ProbRows
 from specsample.sampler import RejectionSampler
 from specsample.testing import draw_inputs, make_family
-from specsample.verify.chain import chain_verify
-from specsample.verify.residual import sample_residual
-from specsample.verify.rows import ProbRows
 
 LARGEST_BELOW_ONE = 1.0 - 2.0**-53
 

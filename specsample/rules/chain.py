@@ -4,7 +4,7 @@ Notation follows the rest of the library: ``q`` is the target distribution, ``p`
 distribution the drafts were sampled from. Draft ``x_i`` is accepted when
 ``u_i * p_i(x_i) < q_i(x_i)`` with ``u_i ~ U[0, 1)`` (no division, so ``p_i(x_i) = 0`` is
 harmless); the first rejected position emits a token from ``normalize(max(0, q - p))``
-(see :mod:`specsample.verify.residual`); when all ``k`` drafts pass, the bonus token is
+(see :mod:`specsample.rules.residual`); when all ``k`` drafts pass, the bonus token is
 emitted. The emitted stream then follows ``q`` exactly.
 """
 
@@ -14,8 +14,8 @@ from typing import NamedTuple
 
 import torch
 
-from specsample.verify.residual import sample_residual
-from specsample.verify.rows import ProbRows, flat_rows
+from specsample.rules.residual import sample_residual
+from specsample.rules.rows import ProbRows, flat_rows
 
 __all__ = ["VerifyResult", "chain_verify", "emit"]
 

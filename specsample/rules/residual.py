@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from specsample.verify.rows import Selection
+from specsample.rules.rows import Selection
 
 __all__ = ["BLOCK", "sample_residual"]
 
@@ -62,11 +62,12 @@ def _block_masses(
         return padded.view(2, batch, -1, BLOCK).sum(dim=-1, dtype=torch.float32)
     masses = torch.zeros(2, batch, -(-vocab // BLOCK), dtype=torch.float32, device=device)
     sums = masses if draft is not None else masses[:1]
-    width = _chunk_width(batch, vocab, device)
-    buf = torch.empty(sums.shape[0], batch, width, dtype=target.dtype, device=device)
+    width = min(_chunk_width(batch, vocab, device), vocab)
+    parts = sums.shape[0]
+    buf = torch.empty(parts * batch * width, dtype=target.dtype, device=device)
     for start in range(0, vocab, width):
         stop = min(start + width, vocab)
-        chunk = buf if stop - start == width else buf.new_empty(buf.shape[0], batch, stop - start)
+        chunk = buf[: parts * batch * (stop - start)].view(parts, batch, stop - start)
         t = target.chunk(start, stop, out=chunk[0])
         if draft is not None:
             torch.sub(t, draft.chunk(start, stop, out=chunk[1]), out=chunk[1]).clamp_(min=0.0)
@@ -131,7 +132,7 @@ def sample_residual(
     Parameters
     ----------
     target : Selection
-        The target rows ``q`` of the step (see :mod:`specsample.verify.rows`).
+        The target rows ``q`` of the step (see :mod:`specsample.rules.rows`).
     uniform : torch.Tensor
         ``[batch]`` float64 uniforms in ``[0, 1)``, one per draw.
     vocab : int
@@ -154,7 +155,7 @@ def sample_residual(
     Examples
     --------
     >>> import torch
-    >>> from specsample.verify.rows import ProbRows
+    >>> from specsample.rules.rows import ProbRows
     >>> row, u = torch.tensor([0]), torch.tensor([0.99], dtype=torch.float64)
     >>> q = ProbRows(torch.tensor([[0.5, 0.5, 0.0]])).select(row)
     >>> p = ProbRows(torch.tensor([[0.5, 0.0, 0.5]])).select(row)
