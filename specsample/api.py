@@ -28,13 +28,14 @@ import torch
 from specsample.metadata import BatchLayout, SamplingMetadata, Scalars
 from specsample.probs import RowStats, row_stats
 from specsample.random import step_uniforms
+from specsample.rules.block import block_length, block_weights, residual_mass_per_position
 from specsample.rules.chain import count_accepted, emit
 from specsample.rules.residual import sample_residual
-from specsample.rules.rows import LogitRows, ProbRows, Selection, flat_rows
+from specsample.rules.rows import LogitRows, ProbRows, flat_rows
 
 __all__ = ["METHODS", "VerifyOutput", "verify", "verify_padded"]
 
-METHODS = ("chain",)
+METHODS = ("chain", "block")
 """Verification rules :func:`verify` accepts."""
 
 
@@ -280,30 +281,20 @@ def verify(
     stats = _target_stats(target_logits, meta, layout, not meta.all_greedy or return_logprobs)
     drafts = _padded_drafts(draft_token_ids, layout, target_logits.shape[-1])
     greedy = torch.tensor([t == 0.0 for t in meta.temperature]).to(device, non_blocking=True)
-    accepted = drafts.ids == stats.argmax[drafts.target_rows]
-    if meta.all_greedy:
-        num_accepted = count_accepted(accepted & drafts.valid)
-        final = stats.argmax[layout.target_start + num_accepted]
-    else:
+    num_accepted = count_accepted((drafts.ids == stats.argmax[drafts.target_rows]) & drafts.valid)
+    final = stats.argmax[layout.target_start + num_accepted]
+    if not meta.all_greedy:
         uniforms = step_uniforms(
             layout.batch, layout.max_drafts, device, generator, seed_t, positions
         )
-        log_q = _log_q(target_logits, stats, drafts.target_rows, drafts.safe_ids)
         source, p_at = _draft_side(draft_probs, draft_logits, drafts.draft_rows, drafts.safe_ids)
-        sampled_ok = uniforms[:, :-1] * p_at < log_q.exp().to(torch.float64)
-        accepted = torch.where(greedy.unsqueeze(-1), accepted, sampled_ok)
-        num_accepted = count_accepted(accepted & drafts.valid)
-        final_row = layout.target_start + num_accepted
-        drawn = _final_draw(
-            LogitRows(target_logits, *stats[:3]).select(final_row),
-            target_logits.shape[-1],
-            uniforms[:, -1],
-            source,
-            layout,
-            drafts,
-            num_accepted,
-        )
-        final = torch.where(greedy, stats.argmax[final_row], drawn)
+        q_at = _log_q(target_logits, stats, drafts.target_rows, drafts.safe_ids).exp().double()
+        target = LogitRows(target_logits, *stats[:3])
+        step = _block_step if method == "block" else _chain_step
+        sampled, drawn = step(target, source, q_at, p_at, uniforms, layout, drafts)
+        greedy = torch.tensor([t == 0.0 for t in meta.temperature]).to(device, non_blocking=True)
+        num_accepted = torch.where(greedy, num_accepted, sampled)
+        final = torch.where(greedy, final, drawn)
     token_ids = emit(drafts.ids, num_accepted, final)
     logprobs = None
     if return_logprobs:
@@ -340,27 +331,85 @@ def _padded_drafts(draft_token_ids: torch.Tensor, layout: BatchLayout, vocab: in
     return _Drafts(ids, ids.clamp(0, vocab - 1), valid, draft_rows, target_rows)
 
 
-def _final_draw(
-    target: Selection,
-    vocab: int,
-    uniform: torch.Tensor,
+def _chain_step(
+    target: LogitRows,
     source: ProbRows | LogitRows | None,
+    q_at: torch.Tensor,
+    p_at: torch.Tensor,
+    uniforms: torch.Tensor,
     layout: BatchLayout,
     drafts: _Drafts,
-    num_accepted: torch.Tensor,
-) -> torch.Tensor:
-    """The token after the accepted drafts: residual at a rejection, else the bonus draw."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-by-token rule: accepted counts, and the residual or bonus draw after them."""
+    num_accepted = count_accepted((uniforms[:, :-1] * p_at < q_at) & drafts.valid)
+    selected = target.select(layout.target_start + num_accepted)
+    vocab = target.logits.shape[-1]
     rejected = num_accepted < layout.num_drafts_t
     if source is None:
         if not layout.max_drafts:
-            return sample_residual(target, uniform, vocab)
+            return num_accepted, sample_residual(selected, uniforms[:, -1], vocab)
         at = num_accepted.clamp(max=layout.max_drafts - 1).unsqueeze(-1)
         token = torch.where(rejected, drafts.ids.gather(1, at).squeeze(-1), -1)
-        return sample_residual(target, uniform, vocab, draft_token=token)
+        return num_accepted, sample_residual(selected, uniforms[:, -1], vocab, draft_token=token)
     row = (layout.draft_start + num_accepted).clamp_(max=max(layout.total_drafts - 1, 0))
-    return sample_residual(
-        target, uniform, vocab, draft=source.select(row), draft_weight=rejected.to(torch.float32)
+    drawn = sample_residual(
+        selected,
+        uniforms[:, -1],
+        vocab,
+        draft=source.select(row),
+        draft_weight=rejected.to(torch.float32),
     )
+    return num_accepted, drawn
+
+
+def _block_step(
+    target: LogitRows,
+    source: ProbRows | LogitRows | None,
+    q_at: torch.Tensor,
+    p_at: torch.Tensor,
+    uniforms: torch.Tensor,
+    layout: BatchLayout,
+    drafts: _Drafts,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block rule: accepted lengths, and the draw at row ``tau`` (the bonus row if all pass).
+
+    The block masses of every target row of the batch, bonus rows included, are computed
+    once: the ``Z_i`` read the draft rows, and the final draw reuses the masses of row ``tau``.
+    """
+    if source is None:
+        raise ValueError(
+            "method='block' needs draft_probs or draft_logits: with one-hot drafts it accepts "
+            "exactly as many tokens in expectation as method='chain'"
+        )
+    vocab = target.logits.shape[-1]
+    width = layout.max_drafts
+    weights = block_weights(q_at, p_at, drafts.valid)
+    cols = torch.arange(width + 1, device=q_at.device)
+    last_target = layout.total_drafts + layout.batch - 1
+    target_rows = (layout.target_start.unsqueeze(-1) + cols).clamp_(max=last_target)
+    draft_rows = (layout.draft_start.unsqueeze(-1) + cols).clamp_(
+        max=max(layout.total_drafts - 1, 0)
+    )
+    masses, residual = residual_mass_per_position(
+        target.select(target_rows.view(-1)),
+        source.select(draft_rows.view(-1)),
+        torch.cat([weights, weights[:, -1:]], dim=1),
+        vocab,
+    )
+    tau = block_length(weights, residual[:, :width], layout.num_drafts_t, uniforms[:, :-1])
+    row_masses = masses.gather(2, tau.view(1, -1, 1, 1).expand(2, -1, 1, masses.shape[-1])).squeeze(
+        2
+    )
+    drawn = sample_residual(
+        target.select(layout.target_start + tau),
+        uniforms[:, -1],
+        vocab,
+        draft=source.select(draft_rows.gather(1, tau.unsqueeze(-1)).squeeze(-1)),
+        draft_weight=(tau < layout.num_drafts_t).to(torch.float32),
+        target_scale=weights.gather(1, tau.unsqueeze(-1)).squeeze(-1).to(torch.float32),
+        masses=row_masses,
+    )
+    return tau, drawn
 
 
 def _emitted_logprobs(

@@ -7,8 +7,11 @@ from torch import nn
 
 from specsample.checks import check_chain_inputs, check_chain_values
 from specsample.random import step_uniforms
+from specsample.rules.block import block_verify
 from specsample.rules.chain import chain_verify
 from specsample.stats import VerificationStats
+
+_RULES = {"chain": chain_verify, "block": block_verify}
 
 __all__ = ["RejectionSampler"]
 
@@ -45,6 +48,10 @@ class RejectionSampler(nn.Module):
         vocabulary are rejected, NaN probabilities reject their draft, and a residual with no
         positive finite mass is replaced by the target row (see
         :mod:`specsample.rules.residual`); the bonus ids are passed through as given.
+    method : str
+        ``"chain"`` (token by token, reads one row per sequence) or ``"block"`` (block
+        verification, :mod:`specsample.rules.block`: exact too, never fewer accepted tokens in
+        expectation, reads every row).
 
     Attributes
     ----------
@@ -62,9 +69,12 @@ class RejectionSampler(nn.Module):
     ([[1, 0, 1]], 2, 2)
     """
 
-    def __init__(self, strict_mode: bool = False) -> None:
+    def __init__(self, strict_mode: bool = False, method: str = "chain") -> None:
         super().__init__()
+        if method not in _RULES:
+            raise ValueError(f"method must be one of {tuple(_RULES)}, got {method!r}")
         self.strict_mode = strict_mode
+        self.method = method
         self.probs_dtype = torch.float32
         self.token_id_dtype = torch.int64
         self.stats = VerificationStats()
@@ -142,6 +152,7 @@ class RejectionSampler(nn.Module):
         if self.strict_mode:
             check_chain_values(target_probs, bonus_token_ids, draft_probs, draft_token_ids)
         uniforms = step_uniforms(batch, k, target_probs.device, generator, seeds, seed_offsets)
-        result = chain_verify(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms)
+        rule = _RULES[self.method]
+        result = rule(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms)
         self.stats.update(result.num_accepted, k)
         return result.token_ids

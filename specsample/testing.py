@@ -187,6 +187,54 @@ class Family:
         mean = float(prefix.sum())
         return mean, max(float((weights * prefix).sum()) - mean * mean, 0.0)
 
+    def accepted_length_law(self, rule: str = "chain") -> torch.Tensor:
+        """Exact law of the accepted length under a verification rule, ``[k + 1]`` float64.
+
+        ``"chain"`` follows from :meth:`prefix_acceptance`. ``"block"`` (block verification,
+        :mod:`specsample.rules.block`) enumerates every draft sequence (``vocab ** k`` of
+        them) with its probability; given the drafts, the accepted length is the last ``i``
+        with ``eta_i < h_i`` for independent uniforms, so
+        ``P(tau = i) = h_i prod_{j > i} (1 - h_j)``.
+
+        Examples
+        --------
+        >>> family = make_family("random", k=2, vocab=4)
+        >>> bool(family.accepted_length_law("block")[1:].sum()
+        ...      >= family.accepted_length_law("chain")[1:].sum() - 1e-12)
+        True
+        """
+        if rule == "chain":
+            prefix = torch.cat([self.prefix_acceptance(), torch.zeros(1, dtype=torch.float64)])
+            return prefix[:-1] - prefix[1:]
+        if rule != "block":
+            raise ValueError(f"rule must be 'chain' or 'block', got {rule!r}")
+        q = self.reference()
+        p = _normalise(self.draft.to(torch.float64))
+        prev = torch.full((1,), self.start, dtype=torch.int64)
+        weight = torch.ones(1, dtype=torch.float64)
+        prob = torch.ones(1, dtype=torch.float64)
+        tokens = torch.arange(self.vocab)
+        h = []
+        for j in range(self.k):
+            ratio = torch.where(p[j, prev] > 0, q[j, prev] / p[j, prev], 0.0)
+            prob = (prob.unsqueeze(-1) * p[j, prev]).reshape(-1)
+            weight = torch.clamp(weight.unsqueeze(-1) * ratio, max=1.0).reshape(-1)
+            h = [hi.repeat_interleave(self.vocab) for hi in h]
+            prev = tokens.repeat(prev.shape[0])
+            if j + 1 < self.k:
+                z = (weight.unsqueeze(-1) * q[j + 1, prev] - p[j + 1, prev]).clamp(min=0).sum(-1)
+                denominator = z + 1.0 - weight
+                h.append(torch.where(denominator > 0, z / denominator, 0.0))
+            else:
+                h.append(weight)
+        law = torch.zeros(self.k + 1, dtype=torch.float64)
+        survive = torch.ones_like(prob)
+        for i in range(self.k, 0, -1):
+            law[i] = float((prob * h[i - 1] * survive).sum())
+            survive = survive * (1.0 - h[i - 1])
+        law[0] = float((prob * survive).sum())
+        return law
+
 
 def _normalise(rows: torch.Tensor) -> torch.Tensor:
     return rows / rows.sum(dim=-1, keepdim=True)
@@ -737,8 +785,10 @@ class ExactnessReport:
                 reasons.append(
                     f"position {result.position}: p-value {result.p_value:.3g} < {level:.3g}"
                 )
-        for label, z in (("acceptance rate", self.acceptance_z),
-                         ("mean accepted", self.mean_accepted_z)):
+        for label, z in (
+            ("acceptance rate", self.acceptance_z),
+            ("mean accepted", self.mean_accepted_z),
+        ):
             if not abs(z) < z_max:
                 reasons.append(f"{label}: |z| = {abs(z):.3g} >= {z_max:.3g}")
         return reasons
@@ -779,15 +829,21 @@ class ExactnessReport:
                 f"{r.p_value:>10.3g} {r.tv:>8.4f} {r.impossible:>7}{flag}"
             )
         for label, realised, expected, z in (
-            ("acceptance@0", self.acceptance_rate, self.expected_acceptance_rate,
-             self.acceptance_z),
-            ("mean accepted", self.mean_accepted, self.expected_mean_accepted,
-             self.mean_accepted_z),
+            (
+                "acceptance@0",
+                self.acceptance_rate,
+                self.expected_acceptance_rate,
+                self.acceptance_z,
+            ),
+            (
+                "mean accepted",
+                self.mean_accepted,
+                self.expected_mean_accepted,
+                self.mean_accepted_z,
+            ),
         ):
             flag = "" if abs(z) < z_max else "  <-- FAIL"
-            lines.append(
-                f"{label:>13}: {realised:.5f} (exact {expected:.5f}, z = {z:+.2f}){flag}"
-            )
+            lines.append(f"{label:>13}: {realised:.5f} (exact {expected:.5f}, z = {z:+.2f}){flag}")
         lines.append(f"malformed rows: {self.malformed_rows}")
         return "\n".join(lines)
 
@@ -853,6 +909,7 @@ def exactness_report(
     *,
     batch_size: int = 8192,
     device: torch.device | str = "cpu",
+    rule: str = "chain",
 ) -> ExactnessReport:
     """Test ``verifier`` for exactness on ``rows`` sequences drafted from ``family``.
 
@@ -879,6 +936,10 @@ def exactness_report(
         Rows per verifier call.
     device : torch.device or str
         Where the verifier runs.
+    rule : str
+        The rule whose exact acceptance the realised one is compared with: ``"chain"``
+        (token by token) or ``"block"`` (see :meth:`Family.accepted_length_law`). The
+        distribution tests do not depend on it.
 
     Returns
     -------
@@ -943,9 +1004,12 @@ def exactness_report(
         )
 
     accepted = (length - 1).to(torch.float64)
-    alpha = min(max(family.expected_acceptance(), 0.0), 1.0)
+    law = family.accepted_length_law(rule)
+    lengths = torch.arange(k + 1, dtype=torch.float64)
+    alpha = min(max(float(law[1:].sum()), 0.0), 1.0)
     rate = float((accepted >= 1).to(torch.float64).mean()) if good else math.nan
-    mean, variance = family.expected_accepted()
+    mean = float((law * lengths).sum())
+    variance = max(float((law * lengths * lengths).sum()) - mean * mean, 0.0)
     realised_mean = float(accepted.mean()) if good else math.nan
     return ExactnessReport(
         family=family.name,

@@ -29,7 +29,7 @@ import torch
 
 from specsample.rules.rows import Selection
 
-__all__ = ["BLOCK", "sample_residual"]
+__all__ = ["BLOCK", "block_masses", "sample_residual"]
 
 BLOCK = 1024
 """Tokens per vocabulary block of the two-level inverse CDF."""
@@ -45,19 +45,47 @@ def _chunk_width(batch: int, vocab: int, device: torch.device) -> int:
     return min(width, -(-vocab // BLOCK) * BLOCK)
 
 
-def _block_masses(
-    target: Selection, draft: Selection | None, batch: int, vocab: int
+def block_masses(
+    target: Selection,
+    vocab: int,
+    *,
+    draft: Selection | None = None,
+    target_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Per-block ``sum q`` and (for a dense draft) ``sum max(q - p, 0)``, ``[2, batch, blocks]``.
+    """Per-block ``sum q`` and (for a dense draft) ``sum max(w q - p, 0)``, ``[2, rows, blocks]``.
+
+    Parameters
+    ----------
+    target, draft : Selection
+        The selected target rows ``q`` and (optionally) dense draft rows ``p``.
+    vocab : int
+        Vocabulary size.
+    target_scale : torch.Tensor, optional
+        ``[rows]`` float32 factor ``w`` on the target (1 when omitted).
 
     Eagerly, the rows are processed in cache-sized column chunks written into reused
     buffers; under :func:`torch.compile` the same sums are written functionally and left to
     the compiler to fuse. Without a dense draft the second row is left at zero.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from specsample.rules.rows import ProbRows
+    >>> row = torch.tensor([0])
+    >>> q = ProbRows(torch.tensor([[0.5, 0.5]])).select(row)
+    >>> p = ProbRows(torch.tensor([[0.75, 0.25]])).select(row)
+    >>> block_masses(q, 2, draft=p)
+    tensor([[[1.0000]],
+    <BLANKLINE>
+            [[0.2500]]])
     """
+    batch = target.rows.shape[0]
+    scale = target_scale.unsqueeze(-1) if target_scale is not None else None
     device = target.device
     if torch.compiler.is_compiling():
         t = target.chunk(0, vocab)
-        r = (t - draft.chunk(0, vocab)).clamp(min=0.0) if draft is not None else torch.zeros_like(t)
+        w = t if scale is None else t * scale
+        r = (w - draft.chunk(0, vocab)).clamp(min=0.0) if draft is not None else torch.zeros_like(t)
         padded = torch.nn.functional.pad(torch.stack([t, r]), (0, -vocab % BLOCK))
         return padded.view(2, batch, -1, BLOCK).sum(dim=-1, dtype=torch.float32)
     masses = torch.zeros(2, batch, -(-vocab // BLOCK), dtype=torch.float32, device=device)
@@ -70,7 +98,11 @@ def _block_masses(
         chunk = buf[: parts * batch * (stop - start)].view(parts, batch, stop - start)
         t = target.chunk(start, stop, out=chunk[0])
         if draft is not None:
-            torch.sub(t, draft.chunk(start, stop, out=chunk[1]), out=chunk[1]).clamp_(min=0.0)
+            p = draft.chunk(start, stop, out=chunk[1])
+            if scale is None:
+                torch.sub(t, p, out=p).clamp_(min=0.0)
+            else:
+                torch.addcmul(p, t, scale, value=-1.0, out=p).clamp_(max=0.0).neg_()
         full, first = (stop - start) // BLOCK, start // BLOCK
         if full:
             blocks = chunk[:, :, : full * BLOCK].view(chunk.shape[0], batch, full, BLOCK)
@@ -126,8 +158,10 @@ def sample_residual(
     draft: Selection | None = None,
     draft_weight: torch.Tensor | None = None,
     draft_token: torch.Tensor | None = None,
+    target_scale: torch.Tensor | None = None,
+    masses: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Draw one token per row from ``normalize(max(0, q - p))``.
+    """Draw one token per row from ``normalize(max(0, w q - p))`` (``w = 1`` by default).
 
     Parameters
     ----------
@@ -145,6 +179,12 @@ def sample_residual(
     draft_token : torch.Tensor, optional
         ``[batch]`` int64 one-hot drafts (a drafter without probabilities); an id outside
         ``[0, vocab)`` means no draft for that row. Exclusive with ``draft``.
+    target_scale : torch.Tensor, optional
+        ``[batch]`` float32 factor ``w`` on the target, with a dense draft (block
+        verification's residual ``max(w q - p, 0)``).
+    masses : torch.Tensor, optional
+        ``[2, batch, blocks]`` the result of :func:`block_masses` for these rows, when the
+        caller already has it.
 
     Returns
     -------
@@ -164,8 +204,9 @@ def sample_residual(
     >>> sample_residual(q, u, 3, draft_token=torch.tensor([1]))
     tensor([0])
     """
-    batch = uniform.shape[0]
-    target_mass, residual_mass = _block_masses(target, draft, batch, vocab)
+    if masses is None:
+        masses = block_masses(target, vocab, draft=draft, target_scale=target_scale)
+    target_mass, residual_mass = masses[0], masses[1]
     keep = None
     if draft is not None and draft_weight is not None:
         keep = draft_weight.unsqueeze(-1) > 0
@@ -189,7 +230,8 @@ def sample_residual(
     residual = q
     if draft is not None:
         p = draft.segment(start, q.shape[-1])
-        residual = (q - p).clamp_(min=0.0)
+        scaled = q if target_scale is None else q * target_scale.unsqueeze(-1)
+        residual = (scaled - p).clamp_(min=0.0)
         if keep is not None:
             residual = torch.where(keep, residual, q)
     elif excluded is not None:

@@ -54,6 +54,7 @@ def _windows(
 class Selection(Protocol):
     """The rows of one step, read as probabilities."""
 
+    rows: torch.Tensor
     dtype: torch.dtype
     device: torch.device
 
