@@ -10,17 +10,18 @@ export HF_HUB_OFFLINE := 1
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[test,dev]"
+	$(PY) -m pip install --quiet -e ".[test,dev,hf,plot]"
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/specsample demo
 
-test: $(STAMP)
-	$(VENV)/bin/ruff check specsample tests benchmarks scripts
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+
+test: lint
 	$(PY) -m pytest
 
 bench: $(STAMP)
