@@ -60,6 +60,7 @@ from typing import NamedTuple
 import torch
 
 __all__ = [
+    "EXTRA_FAMILIES",
     "FAMILIES",
     "ExactnessReport",
     "Family",
@@ -81,6 +82,10 @@ Verifier = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], to
 """``verifier(target_probs, bonus_token_ids, draft_probs, draft_token_ids) -> token_ids``."""
 
 FAMILIES = ("random", "sparse", "equal", "onehot_draft", "onehot_target", "peaked", "markov")
+"""The toy families every exact rule is tested on."""
+
+EXTRA_FAMILIES = ("zipf",)
+"""Further families, for comparisons on larger vocabularies."""
 """Names accepted by :func:`make_family`."""
 
 MIN_EXPECTED = 5.0
@@ -214,7 +219,7 @@ class Family:
         weight = torch.ones(1, dtype=torch.float64)
         prob = torch.ones(1, dtype=torch.float64)
         tokens = torch.arange(self.vocab)
-        h = []
+        h: list[torch.Tensor] = []
         for j in range(self.k):
             ratio = torch.where(p[j, prev] > 0, q[j, prev] / p[j, prev], 0.0)
             prob = (prob.unsqueeze(-1) * p[j, prev]).reshape(-1)
@@ -267,6 +272,9 @@ def make_family(name: str, k: int, vocab: int = 8, seed: int = 0, start: int = 0
         Dirichlet row. ``"peaked"``: low-temperature softmax rows, draft logits correlated
         with the target's. ``"markov"``: Dirichlet(0.3) target rows that change strongly
         with position and context, draft ``p = (q + r) / 2`` with another such row ``r``.
+        ``"zipf"`` (in :data:`EXTRA_FAMILIES`, meant for larger vocabularies): language-model
+        like rows, a Zipf law over a random ranking of the tokens with noisy logits, and a
+        draft that sees the same logits through more noise and a flatter temperature.
     k : int
         Drafted tokens per row (``>= 1``).
     vocab : int
@@ -289,8 +297,8 @@ def make_family(name: str, k: int, vocab: int = 8, seed: int = 0, start: int = 0
     >>> bool(((family.target[:3] == 0) & (family.draft > 0)).any())
     True
     """
-    if name not in FAMILIES:
-        raise ValueError(f"name must be one of {FAMILIES}, got {name!r}")
+    if name not in FAMILIES + EXTRA_FAMILIES:
+        raise ValueError(f"name must be one of {FAMILIES + EXTRA_FAMILIES}, got {name!r}")
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if vocab < 2:
@@ -316,9 +324,15 @@ def make_family(name: str, k: int, vocab: int = 8, seed: int = 0, start: int = 0
             noise = torch.randn(*shape, vocab, dtype=torch.float64)
             target = torch.softmax(logits / 0.3, dim=-1)
             draft = torch.softmax((0.7 * logits + 0.7 * noise) / 0.3, dim=-1)
-        else:
+        elif name == "markov":
             target = _dirichlet(shape, vocab, 0.3)
             draft = 0.5 * target + 0.5 * _dirichlet(shape, vocab, 0.3)
+        else:
+            ranks = torch.rand(*shape, vocab).argsort(dim=-1).to(torch.float64) + 1.0
+            logits = -1.2 * ranks.log() + 0.5 * torch.randn(*shape, vocab, dtype=torch.float64)
+            noise = 0.8 * torch.randn(*shape, vocab, dtype=torch.float64)
+            target = torch.softmax(logits, dim=-1)
+            draft = torch.softmax(0.8 * (logits + noise), dim=-1)
     return Family(
         name=name,
         target=_normalise(target).to(torch.float32),
