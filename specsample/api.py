@@ -163,16 +163,36 @@ def _draft_side(
 ) -> tuple[ProbRows | LogitRows | None, torch.Tensor]:
     """The draft rows as a source for the residual, and ``p(ids)`` (float64) at the drafts.
 
-    Without draft rows the drafts are one-hot: no source, and ``p = 1`` at every draft.
+    Without draft rows (or without any draft in the batch) the drafts are one-hot: no
+    source, and ``p = 1`` at every draft.
     """
-    if draft_probs is not None:
+    if draft_probs is not None and draft_probs.shape[0]:
         return ProbRows(draft_probs), draft_probs[draft_index, ids].to(torch.float64)
-    if draft_logits is not None:
+    if draft_logits is not None and draft_logits.shape[0]:
         ones = torch.ones(draft_logits.shape[0], device=draft_logits.device)
         stats = row_stats(draft_logits, ones)
         log_p = draft_logits[draft_index, ids].to(torch.float32) - stats.log_norm[draft_index]
         return LogitRows(draft_logits, ones, stats.cutoff, stats.log_norm), log_p.exp().double()
     return None, torch.ones(ids.shape, dtype=torch.float64, device=ids.device)
+
+
+def _positions_tensor(
+    positions: Sequence[int] | torch.Tensor | None, batch: int, device: torch.device
+) -> torch.Tensor | None:
+    if positions is None:
+        return None
+    if not isinstance(positions, torch.Tensor):
+        positions = torch.tensor([int(p) for p in positions], dtype=torch.int64)
+    if (
+        positions.shape != (batch,)
+        or positions.dtype.is_floating_point
+        or positions.dtype == torch.bool
+    ):
+        raise ValueError(
+            f"positions must be integers of shape ({batch},), got {positions.dtype} "
+            f"of shape {tuple(positions.shape)}"
+        )
+    return positions.to(device=device, dtype=torch.int64)
 
 
 def _seeds_tensor(
@@ -206,7 +226,7 @@ def verify(
     top_p: Scalars = None,
     min_p: Scalars = None,
     seeds: Sequence[int | None] | torch.Tensor | None = None,
-    positions: torch.Tensor | None = None,
+    positions: Sequence[int] | torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     method: str = "chain",
     return_logprobs: bool = False,
@@ -237,9 +257,9 @@ def verify(
         ``[batch]`` per-request seeds (None or -1: unseeded). A seeded request's output
         depends only on its seed, its ``positions`` entry and its own rows: not on its index
         or on the other requests.
-    positions : torch.Tensor, optional
-        ``[batch]`` int64 position of each request's first draft in its sequence (default 0);
-        randomness is keyed by ``(seed, position)``, so advance it step after step.
+    positions : sequence of int or tensor, optional
+        ``[batch]`` integer position of each request's first draft in its sequence (default
+        0); randomness is keyed by ``(seed, position)``, so advance it step after step.
     generator : torch.Generator, optional
         Randomness for unseeded requests.
     method : str
@@ -277,11 +297,14 @@ def verify(
     draft_name = "draft_probs" if draft_probs is not None else "draft_logits"
     _check_inputs(target_logits, draft_token_ids, layout, draft_rows, draft_name, strict)
     seed_t = _seeds_tensor(seeds, layout.batch, device)
+    positions = _positions_tensor(positions, layout.batch, device)
 
     stats = _target_stats(target_logits, meta, layout, not meta.all_greedy or return_logprobs)
     drafts = _padded_drafts(draft_token_ids, layout, target_logits.shape[-1])
     greedy = torch.tensor([t == 0.0 for t in meta.temperature]).to(device, non_blocking=True)
-    num_accepted = count_accepted((drafts.ids == stats.argmax[drafts.target_rows]) & drafts.valid)
+    usable = ~torch.isnan(stats.cutoff[drafts.target_rows])
+    greedy_ok = (drafts.ids == stats.argmax[drafts.target_rows]) & usable
+    num_accepted = count_accepted(greedy_ok & drafts.valid)
     final = stats.argmax[layout.target_start + num_accepted]
     if not meta.all_greedy:
         uniforms = step_uniforms(
@@ -290,7 +313,7 @@ def verify(
         source, p_at = _draft_side(draft_probs, draft_logits, drafts.draft_rows, drafts.safe_ids)
         q_at = _log_q(target_logits, stats, drafts.target_rows, drafts.safe_ids).exp().double()
         target = LogitRows(target_logits, *stats[:3])
-        step = _block_step if method == "block" else _chain_step
+        step = _block_step if method == "block" and layout.total_drafts else _chain_step
         sampled, drawn = step(target, source, q_at, p_at, uniforms, layout, drafts)
         greedy = torch.tensor([t == 0.0 for t in meta.temperature]).to(device, non_blocking=True)
         num_accepted = torch.where(greedy, num_accepted, sampled)

@@ -58,7 +58,11 @@ __all__ = [
     "DEFAULT_SHAPES",
     "QUICK_SHAPES",
     "BenchInputs",
+    "CpuShare",
+    "Flusher",
     "add_arguments",
+    "cache_flush_bytes",
+    "cold_medians",
     "extra_peak_bytes",
     "format_table",
     "make_inputs",
@@ -202,7 +206,7 @@ def _last_level_cache_bytes() -> int:
     return max(sizes)
 
 
-def _flush_bytes(device: torch.device) -> int:
+def cache_flush_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         cache = torch.cuda.get_device_properties(device).L2_cache_size
     else:
@@ -210,7 +214,7 @@ def _flush_bytes(device: torch.device) -> int:
     return max(MIN_FLUSH_BYTES, 2 * cache)
 
 
-class _Flusher:
+class Flusher:
     """Overwrites a buffer larger than the last-level cache, with a new value each time."""
 
     def __init__(self, device: torch.device, nbytes: int) -> None:
@@ -224,10 +228,10 @@ class _Flusher:
         _sync(self.device)
 
 
-def _cold_medians(
+def cold_medians(
     calls: dict[str, Callable[[], object]],
     counts: dict[str, int],
-    flush: _Flusher,
+    flush: Flusher,
     device: torch.device,
 ) -> dict[str, float]:
     """Median seconds of cold calls, contestants interleaved round by round.
@@ -409,7 +413,7 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return None if num is None or den is None or den == 0 else num / den
 
 
-class _CpuShare:
+class CpuShare:
     """Share of the machine's CPU time that other processes used while the block ran.
 
     Reads the busy time of all CPUs from ``/proc/stat`` (time stolen by a hypervisor
@@ -430,7 +434,7 @@ class _CpuShare:
         idle = sum(fields[3:5])
         return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
-    def __enter__(self) -> _CpuShare:
+    def __enter__(self) -> CpuShare:
         self._start = (self._busy_seconds(), sum(os.times()[:2]), time.perf_counter())
         return self
 
@@ -451,7 +455,7 @@ def _measure_shape(
     slow_repeats: int,
     device: torch.device,
     dtype: torch.dtype,
-    flush: _Flusher,
+    flush: Flusher,
     hf: Callable[..., Any] | None,
     hf_note: str,
     seed: int,
@@ -477,8 +481,8 @@ def _measure_shape(
             fn()
             memory[name] = extra_peak_bytes(fn, device) / unit
         counts = {name: slow_repeats if name in SLOW else repeats for name in runnable}
-        with _CpuShare() as contention:
-            medians = _cold_medians(runnable, counts, flush, device)
+        with CpuShare() as contention:
+            medians = cold_medians(runnable, counts, flush, device)
     row["others"] = contention.share
     for name in CONTESTANTS:
         row[f"{name}_ms"] = 1e3 * medians[name] if name in medians else None
@@ -567,14 +571,14 @@ def run_benchmark(
         raise ValueError(f"the benchmark runs on cpu or cuda, got {device}")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device cuda was requested but CUDA is not available")
-    nbytes = _flush_bytes(device) if flush_bytes is None else flush_bytes
+    nbytes = cache_flush_bytes(device) if flush_bytes is None else flush_bytes
     if nbytes < 4:
         raise ValueError(f"flush_bytes must be at least 4, got {nbytes}")
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        flush = _Flusher(device, nbytes)
+        flush = Flusher(device, nbytes)
         hf, hf_note = _find_transformers_sampler()
         method = {
             "device": str(device),

@@ -20,9 +20,10 @@ else 0. :func:`row_stats` computes them in row chunks, so no ``[rows, vocab]`` t
 larger than a chunk exists; :func:`processed_probs` materialises the distribution (a
 reference, and the naive path of the benchmark).
 
-A row whose logits are all ``-inf`` (or contain NaN) has no distribution: its
-``log_norm`` is ``+inf``, so every token has probability 0; a verifier rejects every draft
-there and emits token id 0 (sampling from it falls back to the first token).
+A row whose largest logit is not finite (all ``-inf``, or a NaN or ``+inf`` among them) has
+no distribution: its ``cutoff`` is NaN, so no token is kept and every token has probability
+0, and its ``argmax`` is 0. A verifier rejects every draft at such a row, greedy or
+sampled, and emits token id 0 there.
 """
 
 from __future__ import annotations
@@ -46,12 +47,14 @@ class RowStats(NamedTuple):
     inv_temperature : torch.Tensor
         float32 ``1 / T`` (1 for greedy rows).
     cutoff : torch.Tensor
-        float32 threshold on ``z``; ``-inf`` when no filter applies.
+        float32 threshold on ``z``; ``-inf`` when no filter applies, NaN for a row without a
+        distribution (its largest logit is not finite: all ``-inf``, NaN or ``+inf``).
     log_norm : torch.Tensor
         float32 log-sum-exp of the kept ``z`` (``+inf`` for rows without a distribution;
         ``nan`` when not computed, see ``need_norm`` of :func:`row_stats`).
     argmax : torch.Tensor
-        int64 index of the largest logit (the first one on ties).
+        int64 index of the largest logit (the first one on ties; 0 for a row without a
+        distribution).
     """
 
     inv_temperature: torch.Tensor
@@ -120,10 +123,16 @@ def row_stats(
     step = _chunk_rows(vocab, device)
     for start in range(0, rows, step):
         stop = min(start + step, rows)
-        z = logits[start:stop].to(torch.float32) * inv_temperature[start:stop].unsqueeze(-1)
-        top, argmax[start:stop] = z.max(dim=-1)
         if not need_norm:
+            top, index = logits[start:stop].max(dim=-1)
+            usable = torch.isfinite(top)
+            argmax[start:stop] = torch.where(usable, index, 0)
+            cutoff[start:stop] = torch.where(usable, -math.inf, math.nan)
             continue
+        z = logits[start:stop].to(torch.float32) * inv_temperature[start:stop].unsqueeze(-1)
+        top, index = z.max(dim=-1)
+        usable = torch.isfinite(top)
+        argmax[start:stop] = torch.where(usable, index, 0)
         cut = cutoff[start:stop]
         if max_top_k > 0 and top_k is not None:
             kth = z.topk(min(max_top_k, vocab), dim=-1).values
@@ -137,11 +146,11 @@ def row_stats(
         if min_p is not None:
             m = min_p[start:stop]
             cut = torch.maximum(cut, torch.where(m > 0.0, top + torch.log(m), -math.inf))
-        cutoff[start:stop] = cut
-        dropped = z < cut.unsqueeze(-1)
+        cutoff[start:stop] = torch.where(usable, cut, math.nan)
+        dropped = (z >= cut.unsqueeze(-1)).logical_not_()
         total = z.sub_(top.unsqueeze(-1)).exp_().masked_fill_(dropped, 0.0).sum(dim=-1)
-        norm = top + total.log()
-        log_norm[start:stop] = torch.where(torch.isfinite(top), norm, math.inf)
+        log_norm[start:stop] = torch.where(usable, top + total.log(), math.inf)
+        del z, dropped
     return RowStats(inv_temperature, cutoff, log_norm, argmax)
 
 
@@ -187,8 +196,7 @@ def processed_probs(
         min_p=min_p,
     )
     z = logits.to(torch.float32) * stats.inv_temperature.unsqueeze(-1)
-    probs = (
-        (z - stats.log_norm.unsqueeze(-1)).exp().masked_fill(z < stats.cutoff.unsqueeze(-1), 0.0)
-    )
+    dropped = (z >= stats.cutoff.unsqueeze(-1)).logical_not_()
+    probs = (z - stats.log_norm.unsqueeze(-1)).exp().masked_fill(dropped, 0.0)
     onehot = torch.nn.functional.one_hot(stats.argmax, logits.shape[-1]).to(torch.float32)
     return torch.where(greedy.unsqueeze(-1), onehot, probs)

@@ -22,7 +22,7 @@ TINY = (2, 2, 64)
 
 @pytest.fixture
 def small_flush(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench, "_flush_bytes", lambda device: 2**20)
+    monkeypatch.setattr(bench, "cache_flush_bytes", lambda device: 2**20)
 
 
 def _tiny_rows() -> list[dict[str, Any]]:

@@ -51,6 +51,16 @@ def _windows(
     return windows[rows, start]
 
 
+def _gather(
+    rows_2d: torch.Tensor, rows: torch.Tensor, start: int, stop: int, out: torch.Tensor
+) -> torch.Tensor:
+    """Columns ``[start, stop)`` of the selected rows into ``out`` (converting the dtype)."""
+    columns = rows_2d[:, start:stop]
+    if columns.dtype == out.dtype:
+        return torch.index_select(columns, 0, rows, out=out)
+    return out.copy_(columns.index_select(0, rows))
+
+
 class Selection(Protocol):
     """The rows of one step, read as probabilities."""
 
@@ -97,7 +107,9 @@ class _SelectedProbs:
         self.probs, self.rows, self.dtype, self.device = probs, rows, probs.dtype, probs.device
 
     def chunk(self, start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        return torch.index_select(self.probs[:, start:stop], 0, self.rows, out=out)
+        if out is None:
+            return self.probs[:, start:stop].index_select(0, self.rows)
+        return _gather(self.probs, self.rows, start, stop, out)
 
     def segment(self, start: torch.Tensor, width: int) -> torch.Tensor:
         return _windows(self.probs, self.rows, start, width).to(torch.float32)
@@ -108,7 +120,8 @@ class LogitRows:
 
     Row ``r`` stands for the distribution
     ``q(x) = exp(z(x) - log_norm[r])`` where ``z = logits[r] * inv_temperature[r]``, for the
-    tokens with ``z(x) >= cutoff[r]``, and ``q(x) = 0`` for the others.
+    tokens with ``z(x) >= cutoff[r]``, and ``q(x) = 0`` for the others (all of them when
+    ``cutoff[r]`` is NaN).
 
     Parameters
     ----------
@@ -152,18 +165,13 @@ class _SelectedLogits:
 
     def _to_probs(self, z: torch.Tensor) -> torch.Tensor:
         z = z.mul_(self.scale)
-        dropped = z < self.cutoff
+        dropped = (z >= self.cutoff).logical_not_()
         return z.sub_(self.log_norm).exp_().masked_fill_(dropped, 0.0)
 
     def chunk(self, start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        columns = self.logits[:, start:stop]
         if out is None:
-            out = columns.index_select(0, self.rows).to(torch.float32)
-        elif columns.dtype == out.dtype:
-            torch.index_select(columns, 0, self.rows, out=out)
-        else:
-            out.copy_(columns.index_select(0, self.rows))
-        return self._to_probs(out)
+            out = self.logits[:, start:stop].index_select(0, self.rows).to(torch.float32)
+        return self._to_probs(_gather(self.logits, self.rows, start, stop, out))
 
     def segment(self, start: torch.Tensor, width: int) -> torch.Tensor:
         return self._to_probs(_windows(self.logits, self.rows, start, width).to(torch.float32))
