@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from specsample.rules.chain import VerifyResult, emit
+from specsample.rules.chain import VerifyResult, emit, gather_drafts
 from specsample.rules.residual import block_masses, sample_residual
 from specsample.rules.rows import ProbRows, Selection, flat_rows
 
@@ -151,15 +151,11 @@ def block_verify(
     tensor([[0, 0, 1]])
     """
     batch, k, vocab = target_probs.shape
-    bonus = bonus_token_ids.reshape(batch).to(torch.int64)
-    ids = draft_token_ids.to(torch.int64)
+    drafts = gather_drafts(target_probs, draft_probs, draft_token_ids, bonus_token_ids)
+    ids, bonus = drafts.ids, drafts.bonus
     if k == 0:
         return VerifyResult(bonus.unsqueeze(-1), torch.zeros_like(bonus))
-    valid = (ids >= 0) & (ids < vocab)
-    safe_ids = ids.clamp(0, vocab - 1).unsqueeze(-1)
-    q_at = target_probs.gather(2, safe_ids).squeeze(-1).to(torch.float64)
-    p_at = draft_probs.gather(2, safe_ids).squeeze(-1).to(torch.float64)
-    weights = block_weights(q_at, p_at, valid)
+    weights = block_weights(drafts.q_at, drafts.p_at, drafts.valid)
 
     target_rows, target_stride = flat_rows(target_probs)
     draft_rows, draft_stride = flat_rows(draft_probs)

@@ -17,7 +17,7 @@ import torch
 from specsample.rules.residual import sample_residual
 from specsample.rules.rows import ProbRows, flat_rows
 
-__all__ = ["VerifyResult", "chain_verify", "emit"]
+__all__ = ["Drafts", "VerifyResult", "chain_verify", "count_accepted", "emit", "gather_drafts"]
 
 
 class VerifyResult(NamedTuple):
@@ -68,6 +68,53 @@ def count_accepted(accepted: torch.Tensor) -> torch.Tensor:
     return accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
 
 
+class Drafts(NamedTuple):
+    """A padded step's drafts and their probabilities (see :func:`gather_drafts`)."""
+
+    ids: torch.Tensor
+    bonus: torch.Tensor
+    valid: torch.Tensor
+    q_at: torch.Tensor
+    p_at: torch.Tensor
+
+
+def gather_drafts(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+) -> Drafts:
+    """Drafts as int64, which are valid, and ``q`` and ``p`` at each draft (float64).
+
+    Parameters
+    ----------
+    target_probs, draft_probs : torch.Tensor
+        ``[batch, k, vocab]``.
+    draft_token_ids : torch.Tensor
+        ``[batch, k]``; ids outside ``[0, vocab)`` are invalid (probabilities read at a
+        clamped id).
+    bonus_token_ids : torch.Tensor
+        ``[batch]`` or ``[batch, 1]``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> q = torch.tensor([[[0.25, 0.75]]])
+    >>> gather_drafts(q, q, torch.tensor([[1]]), torch.tensor([0])).q_at.tolist()
+    [[0.75]]
+    """
+    batch, _, vocab = target_probs.shape
+    ids = draft_token_ids.to(torch.int64)
+    safe_ids = ids.clamp(0, max(vocab - 1, 0)).unsqueeze(-1)
+    return Drafts(
+        ids=ids,
+        bonus=bonus_token_ids.reshape(batch).to(torch.int64),
+        valid=(ids >= 0) & (ids < vocab),
+        q_at=target_probs.gather(2, safe_ids).squeeze(-1).to(torch.float64),
+        p_at=draft_probs.gather(2, safe_ids).squeeze(-1).to(torch.float64),
+    )
+
+
 def chain_verify(
     target_probs: torch.Tensor,
     draft_probs: torch.Tensor,
@@ -108,15 +155,11 @@ def chain_verify(
     tensor([[1, 0, 1]])
     """
     batch, k, vocab = target_probs.shape
-    bonus = bonus_token_ids.reshape(batch).to(torch.int64)
-    ids = draft_token_ids.to(torch.int64)
+    drafts = gather_drafts(target_probs, draft_probs, draft_token_ids, bonus_token_ids)
     if k == 0:
-        return VerifyResult(bonus.unsqueeze(-1), torch.zeros_like(bonus))
-    in_vocab = (ids >= 0) & (ids < vocab)
-    safe_ids = ids.clamp(0, vocab - 1).unsqueeze(-1)
-    q_at = target_probs.gather(2, safe_ids).squeeze(-1).to(torch.float64)
-    p_at = draft_probs.gather(2, safe_ids).squeeze(-1).to(torch.float64)
-    num_accepted = count_accepted((uniforms[:, :k] * p_at < q_at) & in_vocab)
+        return VerifyResult(drafts.bonus.unsqueeze(-1), torch.zeros_like(drafts.bonus))
+    num_accepted = count_accepted((uniforms[:, :k] * drafts.p_at < drafts.q_at) & drafts.valid)
+    ids, bonus = drafts.ids, drafts.bonus
 
     position = num_accepted.clamp(max=k - 1)
     batch_index = torch.arange(batch, device=ids.device)
