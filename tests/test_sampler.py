@@ -458,7 +458,7 @@ def test_seeded_rows_ignore_the_generator() -> None:
 def test_torch_compile_composes() -> None:
     target, bonus, draft, ids = _random_inputs(64, 4, 50, seed=9)
     uniforms = torch.rand(64, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    compiled = torch.compile(chain_verify, backend="eager")
+    compiled = torch.compile(chain_verify, backend="eager", fullgraph=True)
     got = compiled(target, draft, ids, bonus, uniforms)
     expected = chain_verify(target, draft, ids, bonus, uniforms)
     assert torch.equal(got.token_ids, expected.token_ids)
