@@ -84,7 +84,8 @@ class ProbRows:
     ----------
     probs : torch.Tensor
         ``[rows, vocab]`` (any row stride, unit column stride), float32, float16, bfloat16 or
-        float64.
+        float64; chunks are handed out in float32 (float64 for float64 rows), so that the
+        residual's arithmetic is never done in half precision.
 
     Examples
     --------
@@ -104,11 +105,12 @@ class ProbRows:
 
 class _SelectedProbs:
     def __init__(self, probs: torch.Tensor, rows: torch.Tensor) -> None:
-        self.probs, self.rows, self.dtype, self.device = probs, rows, probs.dtype, probs.device
+        self.probs, self.rows, self.device = probs, rows, probs.device
+        self.dtype = torch.float64 if probs.dtype == torch.float64 else torch.float32
 
     def chunk(self, start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
         if out is None:
-            return self.probs[:, start:stop].index_select(0, self.rows)
+            return self.probs[:, start:stop].index_select(0, self.rows).to(self.dtype)
         return _gather(self.probs, self.rows, start, stop, out)
 
     def segment(self, start: torch.Tensor, width: int) -> torch.Tensor:
