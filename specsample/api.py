@@ -259,7 +259,9 @@ def verify(
         or on the other requests.
     positions : sequence of int or tensor, optional
         ``[batch]`` integer position of each request's first draft in its sequence (default
-        0); randomness is keyed by ``(seed, position)``, so advance it step after step.
+        0); a seeded step draws from its own stripe of counters keyed by
+        ``(seed, position)`` (see :func:`specsample.random.step_uniforms`), so let positions
+        increase from step to step.
     generator : torch.Generator, optional
         Randomness for unseeded requests.
     method : str

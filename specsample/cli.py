@@ -1,18 +1,23 @@
-"""The ``specsample`` command: ``demo``, ``bench`` and ``compare``.
+"""The ``specsample`` command: ``demo``, ``bench``, ``compare`` and ``generate``.
 
 ``demo`` checks :class:`specsample.sampler.RejectionSampler` for exactness on several toy
 draft/target families (see :mod:`specsample.testing`), printing one table of statistical
 tests per family, then prints a short cold-cache speed table (see :mod:`specsample.bench`).
 ``bench`` runs the full benchmark. ``compare`` verifies the same drafts with every rule and
-reports tokens per verification step (see :mod:`specsample.compare`). Errors are reported on
-one line and give a non-zero exit status.
+reports tokens per verification step (see :mod:`specsample.compare`). ``generate`` runs
+batched speculative decoding with a target/draft pair of causal LMs, or prompt lookup (see
+:mod:`specsample.generate`), streams the text and prints the run's statistics. Errors are
+reported on one line and give a non-zero exit status.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from specsample import bench
 from specsample.sampler import RejectionSampler
@@ -96,7 +101,59 @@ def _build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--branching", type=positive, default=2, help="children per tree node")
     compare.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     compare.add_argument("--plot", metavar="FILE.png", help="save tokens per step against k")
+    _add_generate_parser(commands)
     return parser
+
+
+def _add_generate_parser(commands: Any) -> None:
+    generate = commands.add_parser(
+        "generate",
+        help="generate text with batched speculative decoding",
+        description="Generate from a target causal LM with speculative decoding: a draft model "
+        "(--draft) or prompt lookup (--ngram) proposes k tokens, one target forward scores them "
+        "and exact verification keeps the target's distribution. Without --target, the default "
+        "pair installed under specsample/models/default is used.",
+    )
+    positive = bench.parse_positive_int
+    generate.add_argument("prompt", help="the prompt text")
+    generate.add_argument("--target", metavar="DIR", help="target model directory")
+    generate.add_argument("--draft", metavar="DIR", help="draft model directory")
+    generate.add_argument(
+        "--ngram", action="store_true", help="draft by prompt lookup instead of a draft model"
+    )
+    generate.add_argument("-k", type=positive, default=4, help="drafts per step (default 4)")
+    generate.add_argument(
+        "--method", choices=("chain", "block"), default="chain", help="verification rule"
+    )
+    generate.add_argument(
+        "--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)"
+    )
+    generate.add_argument("--top-k", type=int, default=0, help="top-k filter (default 0: off)")
+    generate.add_argument("--top-p", type=float, default=1.0, help="top-p filter (default 1: off)")
+    generate.add_argument(
+        "--batch-size", type=positive, default=1, help="copies of the prompt decoded together"
+    )
+    generate.add_argument(
+        "--max-new-tokens", type=positive, default=128, help="tokens per sequence (default 128)"
+    )
+    generate.add_argument(
+        "--seed", type=int, default=None, help="seed of sequence i is SEED + i (default: unseeded)"
+    )
+    generate.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run target-only decoding and report the wall-clock speedup",
+    )
+    generate.add_argument(
+        "--plot", metavar="FILE.png", help="save a bar chart of acceptance by position"
+    )
+    generate.add_argument(
+        "--threads",
+        type=positive,
+        default=None,
+        help="CPU threads for torch (default: torch's choice; 1 is often fastest on a busy "
+        "machine)",
+    )
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -143,6 +200,183 @@ def _demo(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+class _Stream:
+    """Print the prompt, then the text of sequence 0 as its tokens arrive.
+
+    The whole sequence is decoded each time and only the new suffix printed, so tokens that
+    merge with their neighbours (spaces, multi-byte characters) print correctly.
+    """
+
+    def __init__(self, tokenizer: Any, prompt_ids: list[int]) -> None:
+        self.tokenizer = tokenizer
+        self.ids = list(prompt_ids)
+        self.printed = tokenizer.decode(self.ids, skip_special_tokens=True)
+        sys.stdout.write(self.printed)
+        sys.stdout.flush()
+
+    def __call__(self, index: int, token_ids: list[int]) -> None:
+        self.ids.extend(token_ids)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd") or not text.startswith(self.printed):
+            return
+        sys.stdout.write(text[len(self.printed) :])
+        sys.stdout.flush()
+        self.printed = text
+
+
+class _Progress:
+    """Report progress on stderr every couple of seconds."""
+
+    def __init__(self, label: str, every: float = 2.0) -> None:
+        self.label = label
+        self.every = every
+        self.start = time.perf_counter()
+        self.last = self.start
+
+    def __call__(self, finished: int, total: int, tokens: int) -> None:
+        now = time.perf_counter()
+        if now - self.last < self.every:
+            return
+        self.last = now
+        rate = tokens / (now - self.start)
+        print(
+            f"[{self.label}] {finished}/{total} sequences done, {tokens} tokens, "
+            f"{rate:.1f} tokens/s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _model_dirs(args: argparse.Namespace) -> tuple[Path, Path | None]:
+    from specsample.generate import hf
+
+    if args.draft is not None and args.ngram:
+        raise ValueError("pass --draft DIR or --ngram, not both")
+    if args.target is None:
+        pair = hf.default_pair()
+        if pair is None:
+            raise ValueError(
+                "no default model pair is installed (expected "
+                f"{hf.DEFAULT_PAIR_DIR}/target and .../draft): pass --target DIR with "
+                "--draft DIR or --ngram"
+            )
+        if args.draft is not None:
+            return pair[0], Path(args.draft)
+        return pair[0], None if args.ngram else pair[1]
+    if args.draft is None and not args.ngram:
+        raise ValueError("--target needs --draft DIR or --ngram")
+    return Path(args.target), None if args.ngram else Path(args.draft)
+
+
+def _plot_acceptance(stats: Any, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError(
+            "--plot needs matplotlib; install it with: pip install 'specsample[plot]'"
+        ) from None
+    rates = stats.acceptance_by_position
+    figure, axes = plt.subplots(figsize=(6, 3.5))
+    axes.bar(range(1, len(rates) + 1), rates, color="tab:blue")
+    axes.set_xlabel("draft position")
+    axes.set_ylabel("fraction accepted")
+    axes.set_ylim(0, 1)
+    axes.set_xticks(range(1, len(rates) + 1))
+    axes.set_title(f"acceptance by position: {stats.drafter}, k={stats.k}, {stats.method}")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from specsample.generate import NGramDrafter, hf, speculative_generate, target_generate
+
+    if not args.prompt.strip():
+        raise ValueError("the prompt is empty")
+    target_dir, draft_dir = _model_dirs(args)
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        raise ImportError(
+            "generate needs transformers; install it with: pip install 'specsample[hf]'"
+        ) from None
+    hf_logging.disable_progress_bar()
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if not target_dir.is_dir():
+        raise ValueError(f"target model directory does not exist: {target_dir}")
+    if draft_dir is not None and not draft_dir.is_dir():
+        raise ValueError(f"draft model directory does not exist: {draft_dir}")
+    tokenizer = hf.load_tokenizer(target_dir)
+    if draft_dir is not None:
+        hf.check_same_tokenizer(tokenizer, hf.load_tokenizer(draft_dir))
+    target = hf.load_model(target_dir, role="target")
+    hf.check_masked_cache(target, role="target")
+    if draft_dir is not None:
+        draft = hf.load_model(draft_dir, role="draft")
+        hf.check_masked_cache(draft, role="draft")
+        drafter: Any = draft
+    else:
+        drafter = NGramDrafter()
+    prompt_ids = tokenizer.encode(args.prompt)
+    if not prompt_ids:
+        raise ValueError("the prompt is empty once tokenized")
+    batch = args.batch_size
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
+    common: dict[str, Any] = {
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "max_new_tokens": args.max_new_tokens,
+        "eos_token_id": eos,
+        "seeds": None if args.seed is None else [args.seed + i for i in range(batch)],
+    }
+    prompts = [prompt_ids] * batch
+    if args.compare:
+        warm = {**common, "max_new_tokens": 2, "seeds": None}
+        speculative_generate(target, [prompt_ids], drafter, k=args.k, method=args.method, **warm)
+        target_generate(target, [prompt_ids], **warm)
+    stream = _Stream(tokenizer, prompt_ids) if batch == 1 else None
+    output = speculative_generate(
+        target,
+        prompts,
+        drafter,
+        k=args.k,
+        method=args.method,
+        on_tokens=stream,
+        on_progress=None if stream is not None else _Progress("speculative"),
+        **common,
+    )
+    if stream is not None:
+        print("\n")
+    else:
+        for i, ids in enumerate(output.sequences):
+            print(f"[{i}] {tokenizer.decode(prompt_ids + ids, skip_special_tokens=True)}")
+        print()
+    print(output.stats.format_table())
+    if args.compare:
+        baseline = target_generate(target, prompts, on_progress=_Progress("target-only"), **common)
+        print()
+        print(baseline.stats.format_table())
+        speedup = output.stats.tokens_per_s / baseline.stats.tokens_per_s
+        print(
+            f"\nwall-clock speedup: {speedup:.2f}x ({baseline.stats.tokens_per_s:.1f} tokens/s "
+            f"target-only -> {output.stats.tokens_per_s:.1f} tokens/s speculative; tokens per "
+            "second, since sampled runs may stop at EOS after different lengths)"
+        )
+    if args.plot:
+        _plot_acceptance(output.stats, args.plot)
+        print(f"acceptance by position saved to {args.plot}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``specsample`` command line.
 
@@ -173,6 +407,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _demo(args)
         if args.command == "compare":
             return _compare(args)
+        if args.command == "generate":
+            return _generate(args)
         return bench.run_from_args(args)
     except KeyboardInterrupt:
         print("specsample: interrupted", file=sys.stderr)

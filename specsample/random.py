@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["counter_uniform", "row_uniforms", "step_uniforms"]
+__all__ = ["STEP_STRIDE", "counter_uniform", "row_uniforms", "step_uniforms"]
 
 _MASK32 = 0xFFFFFFFF
 _STREAM_KEYS = (0x68E31DA4, 0xB5297A4D, 0x1B56C4E9, 0x3C6EF372)
+
+STEP_STRIDE = 1 << 8
+"""Counters a verification step may use per position (so at most ``STEP_STRIDE - 1`` drafts)."""
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -135,14 +138,17 @@ def step_uniforms(
 ) -> torch.Tensor:
     """The uniforms of one verification step: ``k`` accept tests, then the final draw.
 
-    Seeded rows key their accept tests by ``(seed, position + j)`` on stream 0 and the final
-    draw by ``(seed, position)`` on stream 1. A decoding loop whose ``positions`` advance by
-    the tokens emitted therefore never reuses a number that decided anything.
+    Seeded rows key their accept tests by ``(seed, position * STEP_STRIDE + j)`` on stream 0
+    and the final draw by ``(seed, position)`` on stream 1, where ``position`` is the
+    position of the row's first draft. Each step owns a stripe of counters that no other
+    position touches, so a decoding loop whose positions increase from step to step never
+    reuses a number: not even one that only influenced a decision indirectly, as every
+    ``eta_i`` does in block verification.
 
     Parameters
     ----------
     batch, k : int
-        Rows and drafts per row.
+        Rows and drafts per row (``k < STEP_STRIDE``).
     device : torch.device
         Where the uniforms live.
     generator : torch.Generator, optional
@@ -164,9 +170,14 @@ def step_uniforms(
     >>> u.shape, bool(torch.equal(u[0], u[1]))
     (torch.Size([2, 4]), True)
     """
+    if not 0 <= k < STEP_STRIDE:
+        raise ValueError(f"k must lie in [0, {STEP_STRIDE}), got {k}")
     if seeds is None:
         return torch.rand(batch, k + 1, dtype=torch.float64, device=device, generator=generator)
-    draw = {"device": device, "generator": generator, "seeds": seeds, "offsets": positions}
-    accept = row_uniforms(batch, k, stream=0, **draw)  # type: ignore[arg-type]
-    final = row_uniforms(batch, 1, stream=1, **draw)  # type: ignore[arg-type]
+    start = torch.zeros(batch, dtype=torch.int64, device=device)
+    if positions is not None:
+        start = positions.to(device=device, dtype=torch.int64)
+    draw = {"device": device, "generator": generator, "seeds": seeds}
+    accept = row_uniforms(batch, k, offsets=start * STEP_STRIDE, stream=0, **draw)  # type: ignore[arg-type]
+    final = row_uniforms(batch, 1, offsets=start, stream=1, **draw)  # type: ignore[arg-type]
     return torch.cat([accept, final], dim=1)

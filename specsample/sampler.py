@@ -135,9 +135,9 @@ class RejectionSampler(nn.Module):
             offset and its inputs (not on its index or the other rows). Negative: unseeded.
         seed_offsets : torch.Tensor, optional
             ``[batch]`` int64 position of each row's first draft in its sequence (default 0).
-            Seeded accept tests are keyed by ``(seed, position of the draft)`` and the residual
-            draw by ``(seed, seed_offset)``, so a loop that advances the offset by the tokens
-            emitted never reuses a number that decided anything.
+            A seeded step draws from its own stripe of counters, keyed by
+            ``(seed, seed_offset)`` (see :func:`specsample.random.step_uniforms`); a loop
+            whose offsets increase from step to step never reuses a number.
 
         Returns
         -------

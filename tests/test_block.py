@@ -227,3 +227,4 @@ def test_block_greedy_rows_follow_the_argmax() -> None:
         torch.randn(6, 7), -1), temperature=[0.0, 0.0], method="block")
     assert out.token_ids[0].tolist() == argmax[0].tolist()
     assert out.token_ids[1].tolist() == [int(argmax[1, 0]), int(argmax[1, 1]), -1, -1]
+

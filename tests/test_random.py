@@ -167,3 +167,20 @@ def test_seed_offsets_change_the_draws() -> None:
     c = RejectionSampler()(*inputs, seeds=seeds, seed_offsets=torch.full((256,), 5))
     assert torch.equal(a, b)
     assert not torch.equal(a, c)
+
+
+def test_steps_at_increasing_positions_never_share_a_number() -> None:
+    """Block verification's accepted length depends on every ``eta_i`` of its step, even
+    those after it, so no number of one step may be reused by a later one: a step at a
+    larger position draws from a disjoint stripe of counters."""
+    from specsample.random import step_uniforms
+
+    seeds = torch.full((1,), 77)
+    k = 6
+    seen: set[float] = set()
+    for position in range(0, 40, 3):
+        u = step_uniforms(1, k, torch.device("cpu"), seeds=seeds,
+                          positions=torch.tensor([position]))
+        values = set(u[0].tolist())
+        assert not values & seen
+        seen |= values

@@ -1,0 +1,37 @@
+"""Batched speculative decoding over a pair of Hugging Face causal LMs.
+
+:func:`speculative_generate` drafts ``k`` tokens per sequence (with a
+:class:`ModelDrafter`, a small causal LM sharing the target's tokenizer, or an
+:class:`NGramDrafter`, prompt lookup without a model), scores them with one target forward
+and verifies them with :func:`specsample.verify`, so the output follows the target's
+distribution exactly. :func:`target_generate` is the target-only baseline, sampled by the
+same processing. Both report :class:`GenerationStats`.
+
+``transformers`` is needed to run a model but is imported only when one is used.
+"""
+
+from specsample.generate.drafters import (
+    DecodeState,
+    Drafter,
+    ModelDrafter,
+    NGramDrafter,
+    Prefill,
+    Proposal,
+    SamplingState,
+)
+from specsample.generate.loop import GenerationOutput, speculative_generate, target_generate
+from specsample.generate.stats import GenerationStats
+
+__all__ = [
+    "DecodeState",
+    "Drafter",
+    "GenerationOutput",
+    "GenerationStats",
+    "ModelDrafter",
+    "NGramDrafter",
+    "Prefill",
+    "Proposal",
+    "SamplingState",
+    "speculative_generate",
+    "target_generate",
+]

@@ -1,0 +1,394 @@
+"""Hugging Face causal LMs as the decoding loop drives them: rectangular, masked KV caches.
+
+A :class:`CachedLM` wraps a ``transformers`` causal LM and its ``DynamicCache``. Every
+forward appends the same number of slots to every row; slots that turn out to be rejected
+drafts are masked out of the 2-D attention mask for good, and every token gets an explicit
+position id, so each row advances by its own accepted length while the cache stays
+rectangular. When more than half of the cache is masked it is compacted (the valid slots of
+each row gathered to the right, in order), which changes nothing the model computes because
+positions are explicit.
+
+This relies on the model building its causal mask from cache *slots*, its padding mask from
+the 2-D attention mask and its rotary or learned positions from ``position_ids``; Llama-style
+models in ``transformers`` do. :func:`check_masked_cache` verifies it on a given model.
+Models with sliding-window layers are refused (their windows would count masked slots).
+
+``transformers`` is imported only inside the functions that need it, so ``specsample``
+imports without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "DEFAULT_PAIR_DIR",
+    "CachedLM",
+    "check_masked_cache",
+    "check_same_tokenizer",
+    "default_pair",
+    "load_model",
+    "load_tokenizer",
+]
+
+DEFAULT_PAIR_DIR = Path(__file__).resolve().parent.parent / "models" / "default"
+"""Where a default target/draft pair is installed (``target/`` and ``draft/``)."""
+
+_CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
+"""Models that passed :func:`check_masked_cache` (checked once per model object)."""
+
+_TOKENIZER_PROBES = (
+    "Hello, world!",
+    "The quick brown fox jumps over the lazy dog.",
+    "  indented\n\tlines, digits 0123456789 and symbols {}[]<>#@",
+    "Ünïcödé: naïve café, 東京, emoji 🙂",
+)
+
+
+def _config(model: Any) -> Any:
+    config = getattr(model, "config", None)
+    if config is None or not callable(model):
+        raise TypeError(
+            "expected a transformers causal LM (a callable with a .config), "
+            f"got {type(model).__name__}"
+        )
+    get_text = getattr(config, "get_text_config", None)
+    return get_text(decoder=True) if callable(get_text) else config
+
+
+def _refuse_sliding_windows(config: Any, role: str) -> None:
+    layer_types = getattr(config, "layer_types", None) or ()
+    sliding = any(t != "full_attention" for t in layer_types)
+    if not layer_types and getattr(config, "sliding_window", None):
+        sliding = bool(getattr(config, "use_sliding_window", True))
+    if sliding:
+        raise ValueError(
+            f"the {role} model uses sliding-window or non-standard attention layers, which the "
+            "masked rectangular cache does not support"
+        )
+
+
+class CachedLM:
+    """A causal LM and its KV cache, fed rectangular blocks of slots with a per-slot mask.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        A causal LM whose forward takes ``input_ids``, ``attention_mask``, ``position_ids``
+        and a cache (``cache`` or ``past_key_values``) and returns ``.logits``.
+    role : str
+        ``"target"`` or ``"draft"``, for error messages.
+    check : bool
+        Run :func:`check_masked_cache` on the model (once per model object).
+
+    Attributes
+    ----------
+    model : transformers.PreTrainedModel
+    max_positions : int or None
+        The model's context (``max_position_embeddings``); position ids are clamped below it.
+    vocab_size : int
+        Width of the model's logits.
+    """
+
+    def __init__(self, model: Any, role: str = "target", *, check: bool = True) -> None:
+        config = _config(model)
+        _refuse_sliding_windows(config, role)
+        self.model = model
+        self.role = role
+        self.config = config
+        self.max_positions: int | None = getattr(config, "max_position_embeddings", None)
+        vocab = getattr(config, "vocab_size", None)
+        if not isinstance(vocab, int) or vocab < 1:
+            raise ValueError(f"the {role} model's config has no valid vocab_size ({vocab!r})")
+        self.vocab_size = vocab
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._keep_arg = next(
+            (name for name in ("logits_to_keep", "num_logits_to_keep") if name in params), None
+        )
+        self.cache: Any = None
+        self._mask = torch.zeros(0, 0, dtype=torch.int64)
+        self.width = 0
+        if check:
+            try:
+                checked = model in _CHECKED
+            except TypeError:
+                checked = False
+            if not checked:
+                check_masked_cache(model, role=role)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's parameters live."""
+        try:
+            return next(self.model.parameters()).device
+        except (AttributeError, StopIteration):
+            return torch.device("cpu")
+
+    def describe(self) -> str:
+        """A short description: architecture, layers and hidden size."""
+        layers = getattr(self.config, "num_hidden_layers", "?")
+        hidden = getattr(self.config, "hidden_size", "?")
+        return f"{type(self.model).__name__}, {layers} layers, hidden {hidden}"
+
+    def reset(self, batch: int) -> None:
+        """Start an empty cache for ``batch`` rows."""
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+        self._mask = torch.zeros(batch, 64, dtype=torch.int64, device=self.device)
+        self.width = 0
+
+    def _grow(self, extra: int) -> None:
+        batch, capacity = self._mask.shape
+        if self.width + extra <= capacity:
+            return
+        grown = torch.zeros(
+            batch, max(2 * capacity, self.width + extra), dtype=torch.int64, device=self.device
+        )
+        grown[:, : self.width] = self._mask[:, : self.width]
+        self._mask = grown
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        *,
+        valid: torch.Tensor | None = None,
+        keep: int = 1,
+    ) -> torch.Tensor:
+        """Append ``n`` slots to every row and return the logits of the last ``keep`` ones.
+
+        Parameters
+        ----------
+        input_ids, position_ids : torch.Tensor
+            ``[batch, n]`` int64.
+        valid : torch.Tensor, optional
+            ``[batch, n]`` which new slots later tokens may attend to (default: all).
+        keep : int
+            Logits wanted for the last ``keep`` slots (``0``: all of them).
+
+        Returns
+        -------
+        torch.Tensor
+            ``[batch, keep or n, vocab]``.
+        """
+        n = input_ids.shape[1]
+        self._grow(n)
+        new = self._mask[:, self.width : self.width + n]
+        if valid is None:
+            new.fill_(1)
+        else:
+            new.copy_(valid)
+        self.width += n
+        if self.max_positions:
+            position_ids = position_ids.clamp(max=self.max_positions - 1)
+        kwargs: dict[str, Any] = {
+            "input_ids": input_ids,
+            "attention_mask": self._mask[:, : self.width],
+            "position_ids": position_ids,
+            self._cache_arg: self.cache,
+            "use_cache": True,
+        }
+        if self._keep_arg is not None:
+            kwargs[self._keep_arg] = keep
+        logits = self.model(**kwargs).logits
+        return logits if keep == 0 else logits[:, -keep:]
+
+    def set_tail_valid(self, valid: torch.Tensor) -> None:
+        """Set the mask of the last ``n`` slots to ``valid [batch, n]`` (rejected drafts: 0)."""
+        n = valid.shape[1]
+        self._mask[:, self.width - n : self.width].copy_(valid)
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep the rows at ``index`` (``[kept]`` int64), in that order."""
+        if self.cache is not None and self.width:
+            self.cache.batch_select_indices(index)
+        self._mask = self._mask[index]
+
+    def _layer_tensors(self) -> list[tuple[Any, str, int | None]]:
+        """Where the key and value tensors live: ``(holder, attribute, list index)``."""
+        cache = self.cache
+        found: list[tuple[Any, str, int | None]] = []
+        layers = getattr(cache, "layers", None)
+        if layers is not None:
+            for layer in layers:
+                for name in ("keys", "values"):
+                    found.append((layer, name, None))
+        else:
+            for name in ("key_cache", "value_cache"):
+                for i in range(len(getattr(cache, name, ()))):
+                    found.append((cache, name, i))
+        return found
+
+    def maybe_compact(self, max_length: int) -> bool:
+        """Drop masked slots when they make up more than half the cache.
+
+        Parameters
+        ----------
+        max_length : int
+            The longest sequence's length: compaction is considered once the cache is more
+            than twice as wide (it then counts the valid slots, one host synchronisation).
+
+        Returns
+        -------
+        bool
+            Whether the cache was compacted (caches of unknown layout never are).
+        """
+        if self.cache is None or self.width <= 2 * max_length + 64:
+            return False
+        places = self._layer_tensors()
+        tensors = []
+        for holder, name, i in places:
+            value = getattr(holder, name)
+            tensor = value if i is None else value[i]
+            if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4:
+                return False
+            if tensor.shape[2] != self.width:
+                return False
+            tensors.append(tensor)
+        if not tensors:
+            return False
+        mask = self._mask[:, : self.width]
+        longest = int(mask.sum(dim=1).max()) if mask.shape[0] else 0
+        slots = torch.arange(self.width, device=mask.device)
+        order = torch.where(mask.bool(), slots, -1).sort(dim=1).values
+        kept = order[:, self.width - longest :]
+        index = kept.clamp(min=0)
+        for (holder, name, i), tensor in zip(places, tensors, strict=True):
+            batch, heads, _, dim = tensor.shape
+            gathered = tensor.gather(2, index[:, None, :, None].expand(batch, heads, -1, dim))
+            if i is None:
+                setattr(holder, name, gathered)
+            else:
+                getattr(holder, name)[i] = gathered
+        self.width = kept.shape[1]
+        self._mask = torch.zeros(
+            mask.shape[0], self.width + 64, dtype=torch.int64, device=mask.device
+        )
+        self._mask[:, : self.width] = (kept >= 0).to(torch.int64)
+        return True
+
+
+def check_masked_cache(model: Any, *, role: str = "target", atol: float | None = None) -> None:
+    """Check that ``model`` honours a masked slot and explicit positions with a cache.
+
+    The logits of a short sequence are compared with those obtained by feeding it through
+    the cache in two blocks, with a masked garbage slot between them, left padding, and
+    explicit position ids.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        The causal LM to check (in eval mode).
+    role : str
+        Name used in the error message.
+    atol : float, optional
+        Tolerance on the logits (default: scaled to the model's dtype).
+
+    Raises
+    ------
+    ValueError
+        The model ignores the mask or the position ids.
+    """
+    lm = CachedLM(model, role=role, check=False)
+    device = lm.device
+    vocab = lm.vocab_size
+    tokens = torch.tensor([[1, 5, 2, 7, 3, 4]], device=device) % vocab
+    with torch.inference_mode():
+        reference = lm.model(input_ids=tokens).logits[0, -2:].to(torch.float32)
+        lm.reset(1)
+        pad = torch.zeros(1, 1, dtype=torch.int64, device=device)
+        first = torch.cat([pad, tokens[:, :3], pad + 9 % vocab], dim=1)
+        lm.forward(
+            first,
+            torch.tensor([[0, 0, 1, 2, 3]], device=device),
+            valid=torch.tensor([[0, 1, 1, 1, 0]], device=device),
+        )
+        got = lm.forward(tokens[:, 3:], torch.tensor([[3, 4, 5]], device=device), keep=2)[0]
+    got = got.to(torch.float32)
+    scale = 1.0 + float(reference.abs().max())
+    if atol is None:
+        half = getattr(model, "dtype", torch.float32) in (torch.float16, torch.bfloat16)
+        atol = 5e-2 if half else 1e-3
+    error = float((got - reference).abs().max())
+    if not error <= atol * scale:
+        raise ValueError(
+            f"the {role} model does not honour attention_mask and position_ids with a cache "
+            f"(logits differ by {error:.3g}); it cannot be used for batched speculative decoding"
+        )
+    with contextlib.suppress(TypeError):
+        _CHECKED.add(model)
+
+
+def load_model(path: str | Path, *, role: str = "target") -> Any:
+    """Load a causal LM from a local directory (never from a hub), in eval mode.
+
+    Raises
+    ------
+    ValueError
+        ``path`` is not a directory.
+    """
+    from transformers import AutoModelForCausalLM
+
+    directory = Path(path)
+    if not directory.is_dir():
+        raise ValueError(f"{role} model directory does not exist: {directory}")
+    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
+    return model.eval()
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """Load the tokenizer saved in a local directory (never from a hub)."""
+    from transformers import AutoTokenizer
+
+    directory = Path(path)
+    if not directory.is_dir():
+        raise ValueError(f"tokenizer directory does not exist: {directory}")
+    return AutoTokenizer.from_pretrained(directory, local_files_only=True)
+
+
+def check_same_tokenizer(
+    target: Any, draft: Any, probes: Sequence[str] = _TOKENIZER_PROBES
+) -> None:
+    """Check that two tokenizers agree: same vocabulary, same encodings of a few strings.
+
+    Raises
+    ------
+    ValueError
+        Naming the first difference found.
+    """
+    target_vocab, draft_vocab = target.get_vocab(), draft.get_vocab()
+    if target_vocab != draft_vocab:
+        only_target = len(set(target_vocab.items()) - set(draft_vocab.items()))
+        only_draft = len(set(draft_vocab.items()) - set(target_vocab.items()))
+        raise ValueError(
+            "the target and draft tokenizers differ: vocabularies of "
+            f"{len(target_vocab)} and {len(draft_vocab)} tokens, {only_target} entries only in "
+            f"the target's and {only_draft} only in the draft's"
+        )
+    for text in probes:
+        a = target.encode(text, add_special_tokens=True)
+        b = draft.encode(text, add_special_tokens=True)
+        if a != b:
+            raise ValueError(
+                f"the target and draft tokenizers encode {text!r} differently: {a} vs {b}"
+            )
+
+
+def default_pair() -> tuple[Path, Path] | None:
+    """The installed default ``(target, draft)`` directories, or ``None`` when there is none.
+
+    A model directory counts as installed when it holds a ``config.json``.
+    """
+    target, draft = DEFAULT_PAIR_DIR / "target", DEFAULT_PAIR_DIR / "draft"
+    if (target / "config.json").is_file() and (draft / "config.json").is_file():
+        return target, draft
+    return None

@@ -1,0 +1,552 @@
+"""The speculative decoding loop on tiny random Llama models (built here, never downloaded).
+
+The target has 2 layers; the draft is a perturbed 1-layer copy of it, so acceptance is
+neither 0 nor 1. Greedy outputs are compared token for token with transformers' own greedy
+``generate`` (float64 models, so no near-tie can flip). Sampling is checked against the
+target's exact two-token joint (first-token distribution times each first token's
+conditional) by a chi-square test over cells with expected count >= 5 (the rest pooled),
+and the third token (reached through a step after all drafts were accepted) against its exact
+marginal; each test passes at p > 1e-5, so with seven such tests the family-wise
+false-failure rate is below 1e-4.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+scipy_stats = pytest.importorskip("scipy.stats")
+
+from specsample.cli import main  # noqa: E402
+from specsample.generate import (  # noqa: E402
+    DecodeState,
+    GenerationStats,
+    ModelDrafter,
+    NGramDrafter,
+    hf,
+    speculative_generate,
+    target_generate,
+)
+from specsample.probs import processed_probs  # noqa: E402
+
+VOCAB = 64
+JOINT_ROWS = 40_000
+JOINT_BATCH = 10_000
+JOINT_ALPHA = 1e-5
+JOINT_PROMPT = [1, 2, 3, 4, 5]
+NGRAM_PROMPT = [10, 6, 31, 10, 6]
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9], [10, 11, 12, 13, 14, 15, 16, 17], [3, 3, 3]]
+
+
+def _config(layers: int, **overrides: Any) -> Any:
+    values: dict[str, Any] = {
+        "vocab_size": VOCAB,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "initializer_range": 0.2,
+        "eos_token_id": None,
+        "bos_token_id": None,
+        "pad_token_id": None,
+    }
+    values.update(overrides)
+    return transformers.LlamaConfig(**values)
+
+
+def make_pair(seed: int = 0, **overrides: Any) -> tuple[Any, Any]:
+    """A 2-layer target and a perturbed 1-layer copy of it, in float64 and eval mode."""
+    torch.manual_seed(seed)
+    target = transformers.LlamaForCausalLM(_config(2, **overrides)).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(3.0)
+        target.model.layers[1].self_attn.o_proj.weight.mul_(0.3)
+        target.model.layers[1].mlp.down_proj.weight.mul_(0.3)
+    draft = transformers.LlamaForCausalLM(_config(1, **overrides)).eval()
+    shared = {k: v for k, v in target.state_dict().items() if not k.startswith("model.layers.1.")}
+    draft.load_state_dict(shared)
+    with torch.no_grad():
+        for parameter in draft.parameters():
+            parameter.add_(0.05 * parameter.std() * torch.randn_like(parameter))
+    return target.double(), draft.double()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Any:
+    """One torch thread: many small ops, and a shared machine makes extra threads stall."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[Any, Any]:
+    return make_pair()
+
+
+@pytest.fixture(scope="module")
+def pair32(pair: tuple[Any, Any]) -> tuple[Any, Any]:
+    return copy.deepcopy(pair[0]).float(), copy.deepcopy(pair[1]).float()
+
+
+def hf_greedy(model: Any, prompt: list[int], new: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=new,
+        min_new_tokens=new,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+# --------------------------------------------------------------------------- greedy
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(pair: tuple[Any, Any]) -> list[list[int]]:
+    return [hf_greedy(pair[0], p, 24) for p in PROMPTS]
+
+
+def test_target_only_greedy_matches_transformers(pair, greedy_reference) -> None:
+    out = target_generate(pair[0], PROMPTS, max_new_tokens=24, max_batch_size=3)
+    assert out.sequences == greedy_reference
+    assert out.stats.tokens == 24 * len(PROMPTS)
+    assert out.stats.sequence_forwards == out.stats.tokens
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_speculative_greedy_matches_target_greedy(pair, greedy_reference, k, drafter) -> None:
+    target, draft = pair
+    source = ModelDrafter(draft) if drafter == "model" else NGramDrafter()
+    out = speculative_generate(target, PROMPTS, source, k=k, max_new_tokens=24, max_batch_size=4)
+    assert out.sequences == greedy_reference
+    stats = out.stats
+    assert 0.0 < stats.acceptance_rate < 1.0
+    assert stats.tokens == sum(len(s) for s in out.sequences)
+    assert stats.sequence_forwards < stats.tokens
+
+
+def test_block_greedy_and_per_request_temperature(pair, greedy_reference) -> None:
+    target, draft = pair
+    out = speculative_generate(target, PROMPTS, draft, k=3, method="block", max_new_tokens=24)
+    assert out.sequences == greedy_reference
+    temps = [0.0, 1.0, 0.0, 1.0, 0.0]
+    mixed = speculative_generate(
+        target, PROMPTS, draft, k=3, temperature=temps, top_k=8, max_new_tokens=24, seeds=3
+    )
+    for seq, ref, t in zip(mixed.sequences, greedy_reference, temps, strict=True):
+        assert len(seq) == 24
+        if t == 0.0:
+            assert seq == ref
+
+
+def test_long_generation_compacts_the_caches(pair, monkeypatch) -> None:
+    target, draft = pair
+    prompt = [[4, 9, 1]]
+    reference = hf_greedy(target, prompt[0], 120)
+    compactions: list[int] = []
+    original = hf.CachedLM.maybe_compact
+
+    def spy(self: hf.CachedLM, max_length: int) -> bool:
+        done = original(self, max_length)
+        if done:
+            compactions.append(self.width)
+        return done
+
+    monkeypatch.setattr(hf.CachedLM, "maybe_compact", spy)
+    out = speculative_generate(target, prompt, draft, k=6, max_new_tokens=120)
+    assert out.sequences[0] == reference
+    assert compactions, "the masked slots never triggered a compaction"
+
+
+def test_eos_and_context_limits(pair, greedy_reference) -> None:
+    target, draft = pair
+    eos = greedy_reference[0][5]
+    out = speculative_generate(target, PROMPTS, draft, k=4, max_new_tokens=24, eos_token_id=eos)
+    for seq, ref in zip(out.sequences, greedy_reference, strict=True):
+        cut = ref.index(eos) + 1 if eos in ref else len(ref)
+        assert seq == ref[:cut]
+    short = make_pair(max_position_embeddings=12)
+    prompt = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
+    out = speculative_generate(short[0], prompt, short[1], k=4, max_new_tokens=50)
+    assert len(out.sequences[0]) == 2
+    with pytest.raises(ValueError, match="context is 12"):
+        speculative_generate(short[0], [list(range(12))], short[1], k=2)
+
+
+def test_streaming_and_seeds(pair) -> None:
+    target, draft = pair
+    streamed: dict[int, list[int]] = {0: [], 1: [], 2: []}
+
+    def on_tokens(index: int, ids: list[int]) -> None:
+        streamed[index].extend(ids)
+
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9, 10, 11], [1, 2, 3, 4, 5]]
+    kwargs: dict[str, Any] = {"k": 3, "temperature": 1.0, "max_new_tokens": 20}
+    out = speculative_generate(
+        target, prompts, draft, seeds=[11, 12, 11], on_tokens=on_tokens, **kwargs
+    )
+    assert [streamed[i] for i in range(3)] == out.sequences
+    assert out.sequences[0] == out.sequences[2]
+    alone = speculative_generate(target, [prompts[1]], draft, seeds=[12], **kwargs)
+    assert alone.sequences[0] == out.sequences[1]
+    again = speculative_generate(target, prompts, draft, seeds=[11, 12, 11], **kwargs)
+    assert again.sequences == out.sequences
+    other = speculative_generate(target, prompts, draft, seeds=[13, 14, 15], **kwargs)
+    assert other.sequences != out.sequences
+
+
+# --------------------------------------------------------------------------- exactness
+
+
+def exact_joint(target: Any, prompt: list[int], **params: Any) -> torch.Tensor:
+    """``P(x1 = a, x2 = b)`` under the target's processed distribution, ``[vocab, vocab]``."""
+    with torch.no_grad():
+        first = target(torch.tensor([prompt])).logits[0, -1:]
+        second = target(torch.tensor([[*prompt, a] for a in range(VOCAB)])).logits[:, -1]
+
+    def processed(logits: torch.Tensor) -> torch.Tensor:
+        rows = logits.shape[0]
+        filters = {
+            name: torch.full((rows,), params[name])
+            for name in ("top_k", "top_p")
+            if params.get(name) is not None
+        }
+        temperature = torch.full((rows,), params.get("temperature", 1.0))
+        return processed_probs(logits, temperature, **filters).double()
+
+    joint = processed(first)[0].unsqueeze(1) * processed(second)
+    return joint / joint.sum()
+
+
+def chi_square_pvalue(sequences: list[list[int]], joint: torch.Tensor) -> float:
+    pairs = torch.tensor([s[:2] for s in sequences])
+    rows = pairs.shape[0]
+    observed = torch.zeros(VOCAB * VOCAB, dtype=torch.float64)
+    observed.index_add_(0, pairs[:, 0] * VOCAB + pairs[:, 1], torch.ones(rows, dtype=torch.float64))
+    expected = joint.reshape(-1) * rows
+    assert observed[expected == 0].sum() == 0, "a pair of probability 0 was generated"
+    big = expected >= 5
+    assert int(big.sum()) >= 50, "the joint is too concentrated for a useful test"
+    obs, exp = observed[big], expected[big]
+    if not bool(big.all()):
+        obs = torch.cat([obs, observed[~big].sum().reshape(1)])
+        exp = torch.cat([exp, expected[~big].sum().reshape(1)])
+    keep = exp > 0
+    obs, exp = obs[keep], exp[keep]
+    return float(scipy_stats.chisquare(obs.numpy(), exp.numpy()).pvalue)
+
+
+JOINT_CASES = {
+    "target-only": {},
+    "draft-chain": {"drafter": "model", "k": 2, "method": "chain"},
+    "draft-block": {"drafter": "model", "k": 2, "method": "block"},
+    "ngram-chain": {"drafter": "ngram", "k": 3, "method": "chain", "prompt": NGRAM_PROMPT},
+    "draft-chain-filtered": {
+        "drafter": "model",
+        "k": 2,
+        "method": "chain",
+        "temperature": 1.5,
+        "top_k": 20,
+        "top_p": 0.95,
+    },
+    "draft-block-filtered": {
+        "drafter": "model",
+        "k": 2,
+        "method": "block",
+        "temperature": 1.5,
+        "top_k": 20,
+        "top_p": 0.95,
+    },
+}
+
+
+@pytest.mark.parametrize("case", list(JOINT_CASES))
+def test_first_two_tokens_follow_the_target_joint(pair32, case) -> None:
+    target, draft = pair32
+    spec = dict(JOINT_CASES[case])
+    prompt = spec.pop("prompt", JOINT_PROMPT)
+    drafter = spec.pop("drafter", None)
+    params = {name: spec.pop(name) for name in ("temperature", "top_k", "top_p") if name in spec}
+    params.setdefault("temperature", 1.0)
+    common: dict[str, Any] = {
+        "max_new_tokens": 2,
+        "max_batch_size": JOINT_BATCH,
+        "seeds": list(range(JOINT_ROWS)),
+        **params,
+    }
+    prompts = [prompt] * JOINT_ROWS
+    if drafter is None:
+        out = target_generate(target, prompts, **common)
+    else:
+        source = ModelDrafter(draft) if drafter == "model" else NGramDrafter()
+        out = speculative_generate(target, prompts, source, **spec, **common)
+        assert 0.0 < out.stats.acceptance_rate < 1.0
+    assert all(len(s) == 2 for s in out.sequences)
+    pvalue = chi_square_pvalue(out.sequences, exact_joint(target, prompt, **params))
+    print(f"{case}: chi-square p = {pvalue:.4g}")
+    assert pvalue > JOINT_ALPHA
+
+
+def test_third_token_after_all_accepted_follows_the_target(pair32) -> None:
+    """k = 1: after an accepted draft the next draft forward feeds two slots (the pending one).
+
+    (With k = 1 block verification is the chain rule, so one test covers both.)
+    """
+    target, draft = pair32
+    rows = JOINT_ROWS // 2
+    out = speculative_generate(
+        target,
+        [JOINT_PROMPT] * rows,
+        draft,
+        k=1,
+        temperature=1.0,
+        max_new_tokens=3,
+        max_batch_size=JOINT_BATCH,
+        seeds=list(range(rows)),
+    )
+    counts = out.stats.accepted_counts
+    assert counts[1] > rows // 4, "too few steps accepted their draft to exercise the path"
+    joint = exact_joint(target, JOINT_PROMPT)
+    prefixes = [[*JOINT_PROMPT, a, b] for a in range(VOCAB) for b in range(VOCAB)]
+    with torch.no_grad():
+        logits = target(torch.tensor(prefixes)).logits[:, -1]
+    third = processed_probs(logits, torch.ones(len(prefixes))).double()
+    marginal = (joint.reshape(-1, 1) * third).sum(dim=0)
+    observed = torch.bincount(torch.tensor([s[2] for s in out.sequences]), minlength=VOCAB)
+    expected = marginal / marginal.sum() * rows
+    assert observed[expected == 0].sum() == 0
+    big = expected >= 5
+    obs = torch.cat([observed[big].double(), observed[~big].sum().double().reshape(1)])
+    exp = torch.cat([expected[big], expected[~big].sum().reshape(1)])
+    keep = exp > 0
+    pvalue = float(scipy_stats.chisquare(obs[keep].numpy(), exp[keep].numpy()).pvalue)
+    print(f"third token: chi-square p = {pvalue:.4g}")
+    assert pvalue > JOINT_ALPHA
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def test_ngram_proposals() -> None:
+    tokens = torch.tensor(
+        [
+            [5, 6, 7, 8, 5, 6, 0, 0, 0, 0],
+            [1, 2, 1, 2, 1, 0, 0, 0, 0, 0],
+            [9, 8, 7, 0, 0, 0, 0, 0, 0, 0],
+            [4, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        ]
+    )
+    state = DecodeState(tokens, torch.tensor([6, 5, 3, 1]), 6, 10)
+    proposal = NGramDrafter().propose(state, 4, None)
+    assert proposal.probs is None
+    assert proposal.token_ids.tolist() == [
+        [7, 8, 5, 6],  # "5 6" seen at 0: what followed, then periodically
+        [2, 1, 2, 1],  # "1 2 1" seen at 0
+        [7, 7, 7, 7],  # no match: the last token repeated
+        [4, 4, 4, 4],
+    ]
+    windowed = NGramDrafter(max_ngram=2, window=4).propose(state, 2, None)
+    assert windowed.token_ids.tolist()[0] == [6, 6]
+    with pytest.raises(ValueError, match="min_ngram"):
+        NGramDrafter(max_ngram=1, min_ngram=2)
+    with pytest.raises(TypeError, match="window"):
+        NGramDrafter(window=2.5)  # type: ignore[arg-type]
+
+
+def test_stats_table_and_merge() -> None:
+    a = GenerationStats("speculative", "n-gram", "chain", 2, 1, 6, 0.5, 3, 3, (1, 1, 1))
+    b = GenerationStats("speculative", "n-gram", "chain", 2, 2, 4, 0.5, 2, 4, (2, 2, 0))
+    merged = a.merge(b)
+    assert (merged.sequences, merged.tokens, merged.steps) == (3, 10, 5)
+    assert merged.accepted_counts == (3, 3, 1)
+    assert merged.acceptance_by_position == pytest.approx([4 / 7, 1 / 7])
+    assert merged.tokens_per_s == pytest.approx(10.0)
+    table = merged.format_table()
+    for label in ("tokens/s", "acceptance rate", "acceptance by position", "forwards saved"):
+        assert label in table
+    assert merged.as_dict()["target_forwards_saved"] == 3
+
+
+def test_validation_errors(pair) -> None:
+    target, draft = pair
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        speculative_generate(target, PROMPTS, draft, k=0)
+    with pytest.raises(ValueError, match="block"):
+        speculative_generate(target, PROMPTS, NGramDrafter(), method="block")
+    with pytest.raises(ValueError, match="method"):
+        speculative_generate(target, PROMPTS, draft, method="tree")
+    with pytest.raises(ValueError, match=r"prompts\[1\] is empty"):
+        speculative_generate(target, [[1], []], draft)
+    with pytest.raises(ValueError, match="outside"):
+        target_generate(target, [[VOCAB]])
+    with pytest.raises(TypeError, match="prompts"):
+        target_generate(target, "hello")
+    with pytest.raises(TypeError, match="drafter"):
+        speculative_generate(target, PROMPTS, object())
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        target_generate(target, PROMPTS, max_new_tokens=0)
+    with pytest.raises(ValueError, match="seeds"):
+        target_generate(target, PROMPTS, seeds=[1, 2])
+
+
+def test_masked_cache_check(pair) -> None:
+    hf.check_masked_cache(pair[0])
+
+    class IgnoresPositions(torch.nn.Module):
+        def __init__(self, model: Any) -> None:
+            super().__init__()
+            self.inner = model
+            self.config = model.config
+
+        def forward(
+            self, input_ids: Any, position_ids: Any = None, cache: Any = None, **kwargs: Any
+        ) -> Any:
+            return self.inner(input_ids=input_ids, cache=cache, **kwargs)
+
+    with pytest.raises(ValueError, match="does not honour"):
+        hf.check_masked_cache(IgnoresPositions(pair[0]))
+    with pytest.raises(ValueError, match="the draft model does not honour"):
+        speculative_generate(pair[0], [[1, 2]], IgnoresPositions(pair[1]))
+
+
+def test_import_without_transformers() -> None:
+    code = (
+        "import sys; sys.modules['transformers'] = None\n"
+        "import specsample, specsample.generate, specsample.cli\n"
+        "from specsample.generate import NGramDrafter\n"
+        "print('ok')"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+# --------------------------------------------------------------------------- command line
+
+WORDS = ["[UNK]", "</s>"] + [f"w{i}" for i in range(VOCAB - 2)]
+
+
+def _save_tokenizer(directory: Path, words: list[str]) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", eos_token="</s>"
+    )
+    fast.save_pretrained(directory)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory, pair32) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    dirs = {name: root / name for name in ("target", "draft", "other")}
+    for name, model in (("target", pair32[0]), ("draft", pair32[1]), ("other", pair32[1])):
+        model.save_pretrained(dirs[name])
+    _save_tokenizer(dirs["target"], WORDS)
+    _save_tokenizer(dirs["draft"], WORDS)
+    _save_tokenizer(dirs["other"], list(reversed(WORDS)))
+    return dirs
+
+
+def test_cli_generate_streams_and_compares(model_dirs, capsys, tmp_path) -> None:
+    plot = tmp_path / "acceptance.png"
+    status = main(
+        [
+            "generate",
+            "w1 w2 w3 w4",
+            "--target",
+            str(model_dirs["target"]),
+            "--draft",
+            str(model_dirs["draft"]),
+            "-k",
+            "3",
+            "--max-new-tokens",
+            "12",
+            "--compare",
+            "--plot",
+            str(plot),
+        ]
+    )
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert "w" in captured.out.splitlines()[0]
+    assert "acceptance by position" in captured.out
+    assert "target-only" in captured.out and "speedup" in captured.out
+    assert plot.stat().st_size > 0
+
+
+def test_cli_generate_ngram_batch(model_dirs, capsys) -> None:
+    status = main(
+        [
+            "generate",
+            "w1 w2 w1 w2 w1",
+            "--target",
+            str(model_dirs["target"]),
+            "--ngram",
+            "--batch-size",
+            "3",
+            "--temperature",
+            "1.0",
+            "--top-p",
+            "0.9",
+            "--seed",
+            "4",
+            "--max-new-tokens",
+            "8",
+        ]
+    )
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert captured.out.count("[") >= 3
+    assert "n-gram" in captured.out
+
+
+def test_cli_plot_without_matplotlib(model_dirs, capsys, monkeypatch, tmp_path) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    args = ["generate", "w1 w2", "--target", str(model_dirs["target"]), "--ngram"]
+    assert main([*args, "--max-new-tokens", "2", "--plot", str(tmp_path / "a.png")]) == 1
+    assert "--plot needs matplotlib" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--draft", "{other}"], "tokenizers differ"),
+        (["--draft", "{missing}"], "does not exist"),
+        (["--draft", "{draft}", "--method", "block", "--ngram"], "not both"),
+        (["--draft", "{draft}", "-k", "0"], "positive"),
+    ],
+)
+def test_cli_generate_errors(model_dirs, capsys, tmp_path, extra, message) -> None:
+    fill = {"other": model_dirs["other"], "draft": model_dirs["draft"], "missing": tmp_path / "x"}
+    args = ["generate", "w1 w2", "--target", str(model_dirs["target"])]
+    args += [a.format(**fill) for a in extra]
+    assert main(args) != 0
+    assert message in capsys.readouterr().err
+
+
+def test_cli_generate_needs_a_pair(model_dirs, capsys, monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(hf, "DEFAULT_PAIR_DIR", tmp_path / "none")
+    assert main(["generate", "w1"]) == 1
+    assert "no default model pair is installed" in capsys.readouterr().err
+    target = ["--target", str(model_dirs["target"]), "--ngram"]
+    assert main(["generate", "   ", *target]) == 1
+    assert "empty" in capsys.readouterr().err
+    assert main(["generate", " ".join(["w1"] * 300), *target]) == 1
+    assert "context" in capsys.readouterr().err
