@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[test,dev,hf,plot]"
+	$(PY) -m pip install --quiet -e ".[test,dev,hf,plot,triton]"
 	touch $(STAMP)
 
 demo: $(STAMP)

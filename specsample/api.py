@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import torch
 
+from specsample import kernels
 from specsample.metadata import BatchLayout, SamplingMetadata, Scalars
 from specsample.probs import RowStats, row_stats
 from specsample.random import step_uniforms
@@ -302,29 +303,61 @@ def verify(
     positions = _positions_tensor(positions, layout.batch, device)
 
     stats = _target_stats(target_logits, meta, layout, not meta.all_greedy or return_logprobs)
-    drafts = _padded_drafts(draft_token_ids, layout, target_logits.shape[-1])
     greedy = torch.tensor([t == 0.0 for t in meta.temperature]).to(device, non_blocking=True)
-    usable = ~torch.isnan(stats.cutoff[drafts.target_rows])
-    greedy_ok = (drafts.ids == stats.argmax[drafts.target_rows]) & usable
-    num_accepted = count_accepted(greedy_ok & drafts.valid)
-    final = stats.argmax[layout.target_start + num_accepted]
+    uniforms = None
     if not meta.all_greedy:
         uniforms = step_uniforms(
             layout.batch, layout.max_drafts, device, generator, seed_t, positions
         )
+    rows = kernels.verify_logits if target_logits.is_cuda and kernels.available() else _verify_rows
+    token_ids, num_accepted = rows(
+        target_logits,
+        draft_token_ids,
+        layout,
+        stats,
+        greedy,
+        uniforms,
+        draft_probs=draft_probs,
+        draft_logits=draft_logits,
+        method=method,
+    )
+    logprobs = None
+    if return_logprobs:
+        logprobs = _emitted_logprobs(target_logits, stats, layout, token_ids)
+    return VerifyOutput(token_ids, num_accepted + 1, logprobs)
+
+
+def _verify_rows(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    layout: BatchLayout,
+    stats: RowStats,
+    greedy: torch.Tensor,
+    uniforms: torch.Tensor | None,
+    *,
+    draft_probs: torch.Tensor | None = None,
+    draft_logits: torch.Tensor | None = None,
+    method: str = "chain",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step after the row statistics, in PyTorch: ``(token_ids, num_accepted)``.
+
+    The reference, and the path on CPU; :func:`specsample.kernels.verify_logits` is its
+    fused twin for CUDA tensors (same arguments, same results on the same uniforms).
+    """
+    drafts = _padded_drafts(draft_token_ids, layout, target_logits.shape[-1])
+    usable = ~torch.isnan(stats.cutoff[drafts.target_rows])
+    greedy_ok = (drafts.ids == stats.argmax[drafts.target_rows]) & usable
+    num_accepted = count_accepted(greedy_ok & drafts.valid)
+    final = stats.argmax[layout.target_start + num_accepted]
+    if uniforms is not None:
         source, p_at = _draft_side(draft_probs, draft_logits, drafts.draft_rows, drafts.safe_ids)
         q_at = _log_q(target_logits, stats, drafts.target_rows, drafts.safe_ids).exp().double()
         target = LogitRows(target_logits, *stats[:3])
         step = _block_step if method == "block" and layout.total_drafts else _chain_step
         sampled, drawn = step(target, source, q_at, p_at, uniforms, layout, drafts)
-        greedy = torch.tensor([t == 0.0 for t in meta.temperature]).to(device, non_blocking=True)
         num_accepted = torch.where(greedy, num_accepted, sampled)
         final = torch.where(greedy, final, drawn)
-    token_ids = emit(drafts.ids, num_accepted, final)
-    logprobs = None
-    if return_logprobs:
-        logprobs = _emitted_logprobs(target_logits, stats, layout, token_ids)
-    return VerifyOutput(token_ids, num_accepted + 1, logprobs)
+    return emit(drafts.ids, num_accepted, final), num_accepted
 
 
 class _Drafts(NamedTuple):

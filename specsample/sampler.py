@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specsample import kernels
 from specsample.checks import check_chain_inputs, check_chain_values
 from specsample.random import step_uniforms
 from specsample.rules.block import block_verify
@@ -153,6 +154,8 @@ class RejectionSampler(nn.Module):
             check_chain_values(target_probs, bonus_token_ids, draft_probs, draft_token_ids)
         uniforms = step_uniforms(batch, k, target_probs.device, generator, seeds, seed_offsets)
         rule = _RULES[self.method]
+        if target_probs.is_cuda and kernels.available():
+            rule = kernels.RULES[self.method]
         result = rule(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms)
         self.stats.update(result.num_accepted, k)
         return result.token_ids

@@ -1,0 +1,516 @@
+"""GPU check of the Triton kernels: exactness, parity, no host synchronisation, timings.
+
+Run through ``benchmarks/gpu_check.sh`` (see ``docs/gpu.md``); this is its CUDA part:
+
+1. **exactness** on the GPU, through :func:`specsample.testing.exactness_report` with
+   reduced sizes: the PyTorch path (:class:`specsample.RejectionSampler`, both rules) and the
+   Triton path (:func:`specsample.kernels.chain_kernel_verify`,
+   :func:`specsample.kernels.block_kernel_verify`) on several toy families, and the logits
+   path (:func:`specsample.verify` and the kernels' :func:`specsample.kernels.verify_logits`);
+2. **parity** of the two paths on shared uniforms at large vocabularies (float32 and
+   bfloat16 probabilities, and logits with a mixed greedy/sampled ragged batch): rows that
+   differ must be floating-point ties (a uniform moved by at most 1e-6 reproduces them);
+3. **no host synchronisation**: forward passes under
+   ``torch.cuda.set_sync_debug_mode("error")`` (the ``RejectionSampler`` module with its own
+   rules and with the kernel rules swapped in, :func:`specsample.verify`, the kernels'
+   logits path);
+4. **timings** at the benchmark shapes ``(batch, k, vocab)``: the PyTorch chain rule, the
+   Triton chain rule and, when ``flashinfer`` is importable, FlashInfer's
+   ``chain_speculative_sampling``, with time ratios and the bandwidth achieved against the
+   bytes that must be read (one target row and one draft row per sequence); then the
+   logits path end to end.
+
+``--smoke`` runs every part that does not need CUDA on the CPU under Triton's interpreter
+(``TRITON_INTERPRET=1``) with tiny sizes, to check this script itself. Exit status: 0 when
+every check passed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+from unittest import mock
+
+import torch
+
+from specsample import RejectionSampler, kernels, verify
+from specsample import api as api_module
+from specsample import sampler as sampler_module
+from specsample.metadata import BatchLayout, SamplingMetadata
+from specsample.probs import processed_probs, row_stats
+from specsample.random import step_uniforms
+from specsample.rules.block import block_verify
+from specsample.rules.chain import chain_verify
+from specsample.testing import Family, exactness_report, make_family
+
+SHAPES = [
+    (1, 4, 32000),
+    (8, 4, 32000),
+    (64, 4, 128256),
+    (16, 5, 151936),
+    (128, 8, 32000),
+    (256, 4, 128256),
+]
+SMOKE_SHAPES = [(2, 2, 1100), (3, 3, 2100)]
+FAMILIES = ("random", "sparse", "onehot_target", "markov")
+ALPHA = 1e-4
+NUDGES = (1e-12, -1e-12, 1e-9, -1e-9, 1e-6, -1e-6)
+
+FAILURES: list[str] = []
+
+
+def report(ok: bool, line: str) -> None:
+    """Print one check's line, remembering failures."""
+    print(f"  [{'PASS' if ok else 'FAIL'}] {line}", flush=True)
+    if not ok:
+        FAILURES.append(line)
+
+
+# --------------------------------------------------------------------------------------
+# The kernels' logits path with the front end of specsample.verify
+# --------------------------------------------------------------------------------------
+
+
+def kernel_verify(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: list[int],
+    *,
+    uniforms: torch.Tensor | None = None,
+    draft_probs: torch.Tensor | None = None,
+    draft_logits: torch.Tensor | None = None,
+    method: str = "chain",
+    **params: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``specsample.verify`` with the step after the row statistics done by the kernels.
+
+    Returns ``token_ids [batch, max_drafts + 1]`` and ``num_emitted [batch]``.
+    """
+    device = target_logits.device
+    layout = BatchLayout.build(num_draft_tokens, device)
+    meta = SamplingMetadata.build(layout.batch, **params)
+    request = layout.target_request()
+
+    def per_row(values: Any, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor([values[i] for i in request], dtype=dtype).to(device, non_blocking=True)
+
+    inv_t = [1.0 / t if t > 0 else 1.0 for t in meta.temperature]
+    stats = row_stats(
+        target_logits,
+        per_row(inv_t, torch.float32),
+        top_k=per_row(meta.top_k, torch.int64) if meta.max_top_k else None,
+        max_top_k=meta.max_top_k,
+        top_p=per_row(meta.top_p, torch.float32) if meta.any_top_p else None,
+        min_p=per_row(meta.min_p, torch.float32) if meta.any_min_p else None,
+        need_norm=not meta.all_greedy,
+    )
+    greedy = torch.tensor([t == 0.0 for t in meta.temperature]).to(device, non_blocking=True)
+    if meta.all_greedy:
+        uniforms = None
+    elif uniforms is None:
+        uniforms = step_uniforms(layout.batch, layout.max_drafts, device)
+    ids, count = kernels.verify_logits(
+        target_logits,
+        draft_token_ids,
+        layout,
+        stats,
+        greedy,
+        uniforms,
+        draft_probs=draft_probs,
+        draft_logits=draft_logits,
+        method=method,
+    )
+    return ids, count + 1
+
+
+def _torch_verifier(rule: str) -> Callable[..., torch.Tensor]:
+    return RejectionSampler(method=rule)
+
+
+def _kernel_verifier(rule: str) -> Callable[..., torch.Tensor]:
+    kernel_rule = kernels.RULES[rule]
+
+    def verifier(
+        target: torch.Tensor, bonus: torch.Tensor, draft: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
+        uniforms = torch.rand(
+            ids.shape[0], ids.shape[1] + 1, dtype=torch.float64, device=ids.device
+        )
+        return kernel_rule(target, draft, ids, bonus, uniforms).token_ids
+
+    return verifier
+
+
+def _logits_verifier(logits: torch.Tensor, path: str, params: dict[str, Any]) -> Callable[..., Any]:
+    """A logits-path verifier with the harness's signature (draft rows passed as probs)."""
+
+    def verifier(
+        target: torch.Tensor, bonus: torch.Tensor, draft: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
+        del target, bonus
+        rows, k = ids.shape
+        context = torch.cat([torch.zeros_like(ids[:, :1]), ids], dim=1)
+        positions = torch.arange(k + 1, device=ids.device).expand(rows, k + 1)
+        raw = logits.to(ids.device)[positions, context].reshape(-1, logits.shape[-1])
+        kwargs = {"draft_probs": draft.reshape(-1, draft.shape[-1]), **params}
+        if path == "pytorch":
+            return verify(raw, ids.reshape(-1), [k] * rows, **kwargs).token_ids
+        return kernel_verify(raw, ids.reshape(-1), [k] * rows, **kwargs)[0]
+
+    return verifier
+
+
+# --------------------------------------------------------------------------------------
+# 1. Exactness
+# --------------------------------------------------------------------------------------
+
+
+def check_exactness(device: torch.device, rows: int) -> None:
+    print(f"\n== 1. exactness on {device} ({rows} rows, k=3, vocab 8, alpha={ALPHA:g}) ==")
+    for path, make in (("pytorch", _torch_verifier), ("triton", _kernel_verifier)):
+        for rule in ("chain", "block"):
+            for name in FAMILIES:
+                family = make_family(name, k=3, vocab=8, seed=FAMILIES.index(name) + 5)
+                start = time.perf_counter()
+                result = exactness_report(
+                    make(rule), family, rows=rows, seed=11, device=device, rule=rule
+                )
+                p_min = min(position.p_value for position in result.positions)
+                tv = result.detectable_tv(0, ALPHA) if result.positions[0].df else 0.0
+                report(
+                    result.passed(ALPHA),
+                    f"{path:7} {rule:5} {name:13} min p={p_min:.3g} "
+                    f"acceptance z={result.acceptance_z:+.2f} detectable TV={tv:.4f} "
+                    f"({time.perf_counter() - start:.1f} s)",
+                )
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 8, 8, generator=gen) * 1.5
+    noise = torch.randn(3, 8, 8, generator=gen)
+    draft = torch.softmax(0.7 * logits[:3] + 0.8 * noise, dim=-1)
+    params = {"temperature": 0.8, "top_k": 5}
+    flat = logits.reshape(-1, 8)
+    target = processed_probs(
+        flat,
+        torch.full((flat.shape[0],), 0.8),
+        top_k=torch.full((flat.shape[0],), 5, dtype=torch.int64),
+    )
+    family = Family("logits", target.view(4, 8, 8), draft)
+    for path in ("pytorch", "triton"):
+        verifier = _logits_verifier(logits, path, params)
+        result = exactness_report(verifier, family, rows=rows, seed=13, device=device)
+        p_min = min(position.p_value for position in result.positions)
+        report(result.passed(ALPHA), f"{path:7} logits (T=0.8, top-k 5) min p={p_min:.3g}")
+
+
+# --------------------------------------------------------------------------------------
+# 2. Parity on shared uniforms
+# --------------------------------------------------------------------------------------
+
+
+def _explained(
+    reference: Callable[[torch.Tensor], torch.Tensor],
+    uniforms: torch.Tensor,
+    row: int,
+    wanted: torch.Tensor,
+) -> bool:
+    for col in range(uniforms.shape[1]):
+        for nudge in NUDGES:
+            moved = uniforms.clone()
+            moved[row, col] = min(max(float(moved[row, col]) + nudge, 0.0), 1.0 - 2.0**-53)
+            if torch.equal(reference(moved)[row], wanted):
+                return True
+    return False
+
+
+def _compare(
+    label: str,
+    reference: Callable[[torch.Tensor], torch.Tensor],
+    kernel: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> None:
+    expected = reference(uniforms)
+    differ = [int(r) for r in (expected != kernel).any(dim=1).nonzero().flatten()]
+    explained = sum(_explained(reference, uniforms, r, kernel[r]) for r in differ)
+    rows = kernel.shape[0]
+    ok = explained == len(differ) and len(differ) <= 1e-3 * rows
+    report(ok, f"{label}: {rows - len(differ)}/{rows} rows equal, {explained} ties explained")
+
+
+def _probs(batch: int, k: int, vocab: int, device: torch.device, seed: int) -> tuple[Any, ...]:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q = torch.softmax(torch.randn(batch, k, vocab, device=device, generator=gen) * 3, -1)
+    p = torch.softmax(torch.randn(batch, k, vocab, device=device, generator=gen) * 3, -1)
+    ids = torch.multinomial(p.view(-1, vocab), 1, generator=gen).view(batch, k)
+    bonus = torch.randint(vocab, (batch, 1), device=device, generator=gen)
+    uniforms = torch.rand(batch, k + 1, dtype=torch.float64, device=device, generator=gen)
+    return q, p, ids, bonus, uniforms
+
+
+def check_parity(device: torch.device, shapes: list[tuple[int, int, int]]) -> None:
+    print(f"\n== 2. parity of the PyTorch and Triton paths on shared uniforms ({device}) ==")
+    for batch, k, vocab in shapes:
+        q, p, ids, bonus, uniforms = _probs(4 * batch, k, vocab, device, seed=vocab + k)
+        for dtype in (torch.float32, torch.bfloat16):
+            qd, pd = q.to(dtype), p.to(dtype)
+            for rule, reference_rule in (("chain", chain_verify), ("block", block_verify)):
+                kernel = kernels.RULES[rule](qd, pd, ids, bonus, uniforms).token_ids
+
+                def reference(
+                    u: torch.Tensor, rule=reference_rule, qd=qd, pd=pd, ids=ids, bonus=bonus
+                ) -> Any:
+                    return rule(qd, pd, ids, bonus, u).token_ids
+
+                label = f"{rule:5} {dtype!s:14} ({4 * batch}, {k}, {vocab})"
+                _compare(label, reference, kernel, uniforms)
+    batch, k, vocab = shapes[len(shapes) // 2]
+    gen = torch.Generator(device=device).manual_seed(5)
+    counts = [(i % (k + 1)) for i in range(4 * batch)]
+    total = sum(counts)
+    logits = torch.randn(total + len(counts), vocab, device=device, generator=gen) * 3
+    draft_logits = torch.randn(total, vocab, device=device, generator=gen) * 3
+    ids = torch.multinomial(torch.softmax(draft_logits, -1), 1, generator=gen).view(-1)
+    params = {
+        "temperature": [0.0 if i % 3 == 0 else 0.7 for i in range(len(counts))],
+        "top_k": [0 if i % 2 else 50 for i in range(len(counts))],
+        "top_p": 0.95,
+    }
+    uniforms = torch.rand(len(counts), k + 1, dtype=torch.float64, device=device, generator=gen)
+    for method in ("chain", "block"):
+        kernel, _ = kernel_verify(
+            logits,
+            ids,
+            counts,
+            uniforms=uniforms,
+            draft_logits=draft_logits,
+            method=method,
+            **params,
+        )
+
+        def reference(u: torch.Tensor, method: str = method) -> torch.Tensor:
+            with mock.patch.object(api_module, "step_uniforms", lambda *_, **__: u):
+                return verify(
+                    logits, ids, counts, draft_logits=draft_logits, method=method, **params
+                ).token_ids
+
+        _compare(f"logits {method:5} mixed greedy/sampled, ragged", reference, kernel, uniforms)
+
+
+# --------------------------------------------------------------------------------------
+# 3. No host synchronisation
+# --------------------------------------------------------------------------------------
+
+
+def check_sync(device: torch.device) -> None:
+    print("\n== 3. no host synchronisation (torch.cuda.set_sync_debug_mode('error')) ==")
+    batch, k, vocab = 16, 4, 32000
+    q, p, ids, bonus, _ = _probs(batch, k, vocab, device, seed=1)
+    seeds = torch.arange(batch, device=device)
+    counts = [k, 0, 2, k] * (batch // 4)
+    total = sum(counts)
+    logits = torch.randn(total + len(counts), vocab, device=device)
+    draft_probs = torch.softmax(torch.randn(total, vocab, device=device), -1)
+    flat_ids = torch.multinomial(draft_probs, 1).view(-1)
+    params = {"temperature": [0.0, 0.8, 1.0, 0.5] * (batch // 4), "top_k": 40, "top_p": 0.9}
+    cases: list[tuple[str, Callable[[], Any]]] = []
+    for rule in ("chain", "block"):
+        module = RejectionSampler(method=rule)
+        cases.append(
+            (f"RejectionSampler({rule!r}), its own rules", lambda m=module: m(q, bonus, p, ids))
+        )
+        cases.append(
+            (
+                f"RejectionSampler({rule!r}), seeded",
+                lambda m=module: m(q, bonus, p, ids, seeds=seeds, seed_offsets=seeds),
+            )
+        )
+
+        def with_kernels(m: RejectionSampler = module) -> Any:
+            with mock.patch.dict(sampler_module._RULES, kernels.RULES):
+                return m(q, bonus, p, ids, seeds=seeds)
+
+        cases.append((f"RejectionSampler({rule!r}), kernel rules", with_kernels))
+        cases.append(
+            (
+                f"specsample.verify method={rule!r}",
+                lambda r=rule: verify(
+                    logits, flat_ids, counts, draft_probs=draft_probs, method=r, **params
+                ),
+            )
+        )
+        cases.append(
+            (
+                f"kernels.verify_logits method={rule!r}",
+                lambda r=rule: kernel_verify(
+                    logits, flat_ids, counts, draft_probs=draft_probs, method=r, **params
+                ),
+            )
+        )
+    for label, run in cases:
+        run()
+        torch.cuda.synchronize(device)
+        error = ""
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            run()
+        except RuntimeError as exc:
+            error = str(exc).splitlines()[0]
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.synchronize(device)
+        report(not error, f"{label}{': ' + error if error else ''}")
+
+
+# --------------------------------------------------------------------------------------
+# 4. Timings
+# --------------------------------------------------------------------------------------
+
+
+def _time(run: Callable[[], Any], device: torch.device, iters: int) -> float:
+    """Median seconds per call over three rounds of ``iters`` calls (after warm-up)."""
+    for _ in range(3):
+        run()
+    rounds = []
+    for _ in range(3):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                run()
+            stop.record()
+            torch.cuda.synchronize(device)
+            rounds.append(start.elapsed_time(stop) / 1e3 / iters)
+        else:
+            begin = time.perf_counter()
+            for _ in range(iters):
+                run()
+            rounds.append((time.perf_counter() - begin) / iters)
+    return statistics.median(rounds)
+
+
+def _flashinfer(device: torch.device) -> Callable[..., Any] | None:
+    if device.type != "cuda":
+        return None
+    try:
+        from flashinfer.sampling import chain_speculative_sampling
+    except ImportError:
+        return None
+    return chain_speculative_sampling
+
+
+def _probs_timing(
+    device: torch.device,
+    shape: tuple[int, int, int],
+    iters: int,
+    flashinfer: Callable[..., Any] | None,
+    takes_uniforms: bool,
+) -> str:
+    batch, k, vocab = shape
+    q, p, ids, bonus, uniforms = _probs(batch, k, vocab, device, seed=7)
+    reference = _time(partial(chain_verify, q, p, ids, bonus, uniforms), device, iters)
+    triton_s = _time(
+        partial(kernels.chain_kernel_verify, q, p, ids, bonus, uniforms), device, iters
+    )
+    needed = 2 * batch * vocab * q.element_size()
+    fi_text = f"{'-':>10} {'-':>9}"
+    if flashinfer is not None:
+        bonus_row = torch.softmax(torch.randn(batch, 1, vocab, device=device), -1)
+        target = torch.cat([q, bonus_row], dim=1)
+        ids32 = ids.to(torch.int32)
+        args = (
+            (p, ids32, uniforms.to(torch.float32), target) if takes_uniforms else (p, ids32, target)
+        )
+        try:
+            fi_s = _time(partial(flashinfer, *args), device, iters)
+            fi_text = f"{fi_s * 1e6:8.1f}us {fi_s / triton_s:9.2f}"
+        except Exception as exc:
+            fi_text = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:60]}"
+    return (
+        f"  {batch:>5} {k:>2} {vocab:>6} | {reference * 1e6:7.1f}us {triton_s * 1e6:7.1f}us "
+        f"{reference / triton_s:6.2f}x | {needed / triton_s / 1e9:11.1f} "
+        f"{needed / reference / 1e9:10.1f} | {fi_text}"
+    )
+
+
+def _logits_timing(device: torch.device, shape: tuple[int, int, int], iters: int) -> str:
+    batch, k, vocab = shape
+    logits = torch.randn(batch * (k + 1), vocab, device=device)
+    draft = torch.softmax(torch.randn(batch * k, vocab, device=device), -1)
+    flat_ids = torch.multinomial(draft, 1).view(-1)
+    args = (logits, flat_ids, [k] * batch)
+    kwargs = {"draft_probs": draft, "temperature": 0.8}
+    torch_s = _time(partial(verify, *args, **kwargs), device, iters)
+    kernel_s = _time(partial(kernel_verify, *args, **kwargs), device, iters)
+    return (
+        f"  {batch:>5} {k:>2} {vocab:>6} | {torch_s * 1e6:7.1f}us {kernel_s * 1e6:7.1f}us "
+        f"{torch_s / kernel_s:6.2f}x"
+    )
+
+
+def check_timings(device: torch.device, shapes: list[tuple[int, int, int]], iters: int) -> None:
+    print(f"\n== 4. timings on {device} (median of 3 x {iters} calls, float32) ==")
+    flashinfer = _flashinfer(device)
+    takes_uniforms = False
+    if flashinfer is None:
+        print("  flashinfer not importable: its columns are left out")
+    else:
+        takes_uniforms = "uniform_samples" in inspect.signature(flashinfer).parameters
+    print("  chain rule on probabilities; GB/s against one target and one draft row per sequence")
+    print(
+        f"  {'batch':>5} {'k':>2} {'vocab':>6} | {'pytorch':>9} {'triton':>9} {'speedup':>7} "
+        f"| {'triton GB/s':>11} {'torch GB/s':>10} | {'flashinfer':>10} {'fi/triton':>9}"
+    )
+    for shape in shapes:
+        print(_probs_timing(device, shape, iters, flashinfer, takes_uniforms), flush=True)
+    print("\n  logits path end to end (row statistics included), draft probabilities, T=0.8")
+    print(f"  {'batch':>5} {'k':>2} {'vocab':>6} | {'verify':>9} {'kernels':>9} {'speedup':>7}")
+    for shape in shapes:
+        print(_logits_timing(device, shape, iters), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU interpreter")
+    parser.add_argument("--rows", type=int, default=200_000, help="rows per exactness report")
+    parser.add_argument("--iters", type=int, default=20, help="timed calls per round")
+    parser.add_argument(
+        "--skip", action="append", default=[], choices=["exactness", "parity", "sync", "timings"]
+    )
+    args = parser.parse_args(argv)
+    if args.smoke:
+        device, shapes, rows, iters = torch.device("cpu"), SMOKE_SHAPES, 3000, 1
+        if not kernels.supports(torch.zeros(1)):
+            print("--smoke needs triton and TRITON_INTERPRET=1")
+            return 1
+    else:
+        if not torch.cuda.is_available() or not kernels.available():
+            print("no CUDA device or no triton: nothing to check")
+            return 1
+        device, shapes, rows, iters = torch.device("cuda"), SHAPES, args.rows, args.iters
+        print(f"device: {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
+    start = time.perf_counter()
+    if "exactness" not in args.skip:
+        check_exactness(device, rows)
+    if "parity" not in args.skip:
+        check_parity(device, shapes[:3] if not args.smoke else shapes)
+    if "sync" not in args.skip:
+        if device.type == "cuda":
+            check_sync(device)
+        else:
+            print("\n== 3. no host synchronisation: needs CUDA, skipped ==")
+    if "timings" not in args.skip:
+        check_timings(device, shapes, iters)
+    print(f"\n{len(FAILURES)} failed check(s) in {time.perf_counter() - start:.0f} s")
+    for line in FAILURES:
+        print(f"  FAILED: {line}")
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
