@@ -79,7 +79,8 @@ class ModelShape:
 
     def describe(self) -> str:
         return (
-            f"{self.layers} layer(s), hidden {self.hidden}, MLP {self.intermediate}, "
+            f"{self.layers} layer{'s' if self.layers != 1 else ''}, hidden {self.hidden}, "
+            f"MLP {self.intermediate}, "
             f"{self.heads} heads of {self.hidden // self.heads}"
         )
 
@@ -523,7 +524,8 @@ def write_readme(path: Path, facts: dict[str, Any]) -> None:
         batches at random. Same kind of windows and optimizer, peak learning rate
         {f["draft_lr"]}; {draft.steps} steps in {draft.seconds / 60:.1f} min.""",
         f"""Seed {f["seed"]}; {f["threads"]} CPU threads (`torch.set_num_threads`);
-        {f["precision"]}. The step counts were {f["sizing"]}. {f["early_note"]}""",
+        {f["precision"]}.{f["omp_note"]} The step counts were {f["sizing"]}.
+        {f["early_note"]}""",
     ]
     text = f"""# Default models
 
@@ -544,6 +546,8 @@ tokenizer = AutoTokenizer.from_pretrained(default_model_dir("target"))
 target = AutoModelForCausalLM.from_pretrained(default_model_dir("target"))
 draft = AutoModelForCausalLM.from_pretrained(default_model_dir("draft"))
 ```
+
+or try them with `specsample generate "def parse(text):" --compare`.
 
 Weights are stored in bfloat16 to keep the package small; the configs say float32, so they load
 (and run) in float32.
@@ -845,6 +849,13 @@ def main(argv: list[str] | None = None) -> None:
             else "float32 throughout"
         ),
         "threads": args.threads,
+        "omp_note": (
+            f" Training ran with `{OMP_POLICY}=PASSIVE` (waiting threads sleep instead of"
+            " spinning, which keeps training fast when other work shares the cores); the"
+            " per-token costs were timed in a separate process with the default settings."
+            if os.environ.get(OMP_POLICY) == "PASSIVE"
+            else ""
+        ),
         "early_note": (
             f"The time cap stopped the {' and '.join(early)} phase early." if early else ""
         ),
