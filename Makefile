@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test lint bench clean
+.PHONY: demo exactness test lint bench bench-generate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
+	$(VENV)/bin/specsample generate "def parse(text):" --compare
+
+exactness: $(STAMP)
 	$(VENV)/bin/specsample demo
 
 lint: $(STAMP)
@@ -26,6 +29,9 @@ test: lint
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_sampler.py
+
+bench-generate: $(STAMP)
+	$(PY) benchmarks/bench_generate.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -6,13 +6,20 @@ read in sorted order. The script
 
 1. trains a byte-level BPE tokenizer (``tokenizers``) shared by both models,
 2. trains the target, a ``LlamaForCausalLM``, on next-token cross-entropy,
-3. stores it (bfloat16 weights, float32 config), reloads it exactly as shipped and trains the
-   draft, a one-layer ``LlamaForCausalLM``, by distillation: the KL divergence from the
-   target's next-token distribution (optionally mixed with cross-entropy),
-4. measures on held-out files the losses, the draft's greedy agreement with the target and the
-   mean acceptance ``sum_x min(p, q)`` at temperature 1,
-5. times one decoding step of each model (one token against a 128-token KV cache, batch 1),
-6. writes both model directories and ``specsample/models/README.md``.
+3. stores it (bfloat16 weights, float32 config) and reloads it exactly as shipped,
+4. lets the target continue random windows of the training text (``--target-samples``, some
+   greedy, the rest sampled at temperature 1), and trains the draft, a one-layer
+   ``LlamaForCausalLM``, by distillation on windows of that text and of the training text
+   (``--sample-share``): the KL divergence from the target's next-token distribution
+   (optionally mixed with cross-entropy),
+5. measures on held-out files (and on the target's continuations of held-out prompts) the
+   losses, the draft's greedy agreement with the target and the mean acceptance
+   ``sum_x min(p, q)`` at temperature 1,
+6. times one decoding step of each model (one token against a 128-token KV cache, batch 1),
+7. writes both model directories, ``training.json`` and ``specsample/models/README.md``.
+
+``--reuse-target`` skips steps 2 and 3: it keeps the target already in ``--out`` (its training
+as recorded in ``training.json``) and trains a new draft against it.
 
 Given ``--seed`` and explicit ``--steps`` / ``--draft-steps`` the result is deterministic on a
 given machine and Python version. Without them each phase trains until it has used most of its
@@ -22,6 +29,7 @@ printed and recorded in the README, and passing them repeats the run exactly.
 Usage::
 
     HF_HUB_OFFLINE=1 python scripts/train_default_models.py --minutes 30
+    HF_HUB_OFFLINE=1 python scripts/train_default_models.py --reuse-target --minutes 32
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import argparse
 import contextlib
 import inspect
 import json
+import math
 import os
 import platform
 import shlex
@@ -68,6 +77,12 @@ OMP_POLICY = "OMP_WAIT_POLICY"
 START_ENV = "TRAIN_DEFAULT_MODELS_START"
 RESERVE_S = 150.0
 """Seconds kept for evaluation, timing and saving at the end of the budget."""
+RECORD = "training.json"
+"""What a run records next to the models (read back by ``--reuse-target``)."""
+SAMPLE_PROMPT_LEN = 32
+"""Tokens of training text that start each of the target's own samples."""
+HELD_SAMPLES = 64
+"""Target samples from held-out prompts, for evaluation."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +113,11 @@ class PhaseResult:
     tokens_per_s: float
     stopped_early: bool
     log: list[str] = field(default_factory=list)
+    model: Any = field(default=None, repr=False, compare=False)
+
+    def record(self) -> dict[str, Any]:
+        """The counts and figures, without the model and the log."""
+        return {k: v for k, v in asdict(self).items() if k not in ("model", "log")}
 
 
 def log(message: str) -> None:
@@ -198,6 +218,81 @@ def teacher_batches(
             kept.append(torch.cat([ids.float().unsqueeze(-1), t_logp], -1))
         step += 1
         yield kept[int(torch.randint(len(kept), (1,), generator=generator))]
+
+
+def target_samples(
+    target: Any,
+    stream: torch.Tensor,
+    *,
+    count: int,
+    prompt_len: int,
+    new_tokens: int,
+    greedy_share: float,
+    eos_id: int,
+    seed: int,
+) -> torch.Tensor:
+    """Text written by the target itself, as one stream (``int16``, every sample ends in EOS).
+
+    Each sample continues a random ``prompt_len``-token window of ``stream`` by up to
+    ``new_tokens`` tokens; the first ``greedy_share`` of them decode greedily, the others
+    sample at temperature 1 (seeded from ``seed``). The draft then learns the target on the
+    text it actually produces when decoding, loops and all, not only on human-written code.
+    """
+    from specsample.generate import target_generate
+
+    generator = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, stream.numel() - prompt_len, (count, 1), generator=generator)
+    prompts = (stream[starts + torch.arange(prompt_len)]).long()
+    greedy = round(count * greedy_share)
+    temperature = [0.0] * greedy + [1.0] * (count - greedy)
+    begin = time.perf_counter()
+    logged = 0
+
+    def progress(done: int, total: int, tokens: int) -> None:
+        nonlocal logged
+        if done - logged >= 64 or (done == total and done > logged):
+            logged = done
+            log(
+                f"target samples: {done}/{total}, {tokens:,} tokens "
+                f"({time.perf_counter() - begin:.0f} s)"
+            )
+
+    out = target_generate(
+        target,
+        prompts,
+        temperature=temperature,
+        max_new_tokens=new_tokens,
+        eos_token_id=eos_id,
+        seeds=seed,
+        max_batch_size=64,
+        on_progress=progress,
+    )
+    ids: list[int] = []
+    for prompt, sequence in zip(prompts.tolist(), out.sequences, strict=True):
+        ids.extend(prompt + sequence)
+        if not sequence or sequence[-1] != eos_id:
+            ids.append(eos_id)
+    return torch.tensor(ids, dtype=torch.int16)
+
+
+def mixed_batches(
+    streams: tuple[torch.Tensor, torch.Tensor],
+    share: float,
+    batch_size: int,
+    seq_len: int,
+    seed: int,
+) -> Iterator[torch.Tensor]:
+    """Endless random windows, each from ``streams[1]`` with probability ``share``."""
+    generator = torch.Generator().manual_seed(seed)
+    offsets = torch.arange(seq_len)
+    while True:
+        rows = []
+        for _ in range(batch_size):
+            pick = float(torch.rand((), generator=generator)) < share
+            stream = streams[1] if pick else streams[0]
+            start = int(torch.randint(0, stream.numel() - seq_len, (), generator=generator))
+            rows.append(stream[start + offsets])
+        yield torch.stack(rows).long()
 
 
 def eval_windows(stream: torch.Tensor, seq_len: int, count: int) -> torch.Tensor:
@@ -490,6 +585,15 @@ def _bullet(text: str) -> str:
     )
 
 
+EVAL_ROWS = (
+    ("target cross-entropy (nats/token)", "target_ce"),
+    ("draft cross-entropy (nats/token)", "draft_ce"),
+    ("KL(target \\|\\| draft) (nats/token)", "kl"),
+    ("greedy agreement (argmaxes equal)", "agree"),
+    ("mean acceptance `sum_x min(p, q)`, temperature 1", "accept"),
+)
+
+
 def write_readme(path: Path, facts: dict[str, Any]) -> None:
     f = facts
     ev = f["eval"]
@@ -521,12 +625,39 @@ def write_readme(path: Path, facts: dict[str, Any]) -> None:
         under the same autocast as the training. Running the target costs far more than a draft
         step, so its outputs are reused: the last {f["draft_pool"]} batches of them are kept, a
         new batch joins every {f["draft_reuse"]} steps, and each step draws one of the kept
-        batches at random. Same kind of windows and optimizer, peak learning rate
-        {f["draft_lr"]}; {draft.steps} steps in {draft.seconds / 60:.1f} min.""",
+        batches at random.{f["samples_note"]} Same kind of windows and optimizer, peak learning
+        rate {f["draft_lr"]}; {draft.steps} steps in {draft.seconds / 60:.1f} min.""",
         f"""Seed {f["seed"]}; {f["threads"]} CPU threads (`torch.set_num_threads`);
         {f["precision"]}.{f["omp_note"]} The step counts were {f["sizing"]}.
         {f["early_note"]}""",
     ]
+    if f["reused"]:
+        made = f"""The target was trained by `{f["target_command"]}` ({target.seconds / 60:.1f} min
+of target training). The draft was then trained against that stored target by the command
+below, run from the repository root, which kept the target (`--reuse-target`):
+
+```
+{f["command"]}
+```
+
+Its measured wall time: **{f["wall_min"]:.1f} min** on {f["machine"]}."""
+    else:
+        made = f"""Command, run from the repository root:
+
+```
+{f["command"]}
+```
+
+Measured wall time: **{f["wall_min"]:.1f} min** on {f["machine"]}."""
+    samples = f["eval_samples"]
+    if samples is None:
+        columns, rule = "| | held-out files |", "|---|---|"
+        rows = [(name, f"{ev[key]:.3f}") for name, key in EVAL_ROWS]
+    else:
+        columns = "| | held-out files | target's samples from held-out prompts |"
+        rule = "|---|---|---|"
+        rows = [(name, f"{ev[key]:.3f} | {samples[key]:.3f}") for name, key in EVAL_ROWS]
+    table = "\n".join([columns, rule] + [f"| {name} | {values} |" for name, values in rows])
     text = f"""# Default models
 
 `default/target` and `default/draft` are a small target/draft pair of Llama-style causal language
@@ -554,14 +685,9 @@ Weights are stored in bfloat16 to keep the package small; the configs say float3
 
 ## How they were made
 
-Command, run from the repository root:
+{made}
 
-```
-{f["command"]}
-```
-
-Measured wall time: **{f["wall_min"]:.1f} min** on {f["machine"]}. The same models again (same step
-counts, no timing involved):
+The same models again in one run (same step counts, no timing involved):
 
 ```
 {f["repeat_command"]}
@@ -575,15 +701,10 @@ Final training losses (moving average over the last steps): target cross-entropy
 **{target.final_loss:.3f}** nats/token; draft distillation loss (KL) **{draft.final_loss:.3f}**
 nats/token.
 
-On the held-out files ({int(ev["positions"]):,} positions in {f["seq_len"]}-token windows):
+Held out ({int(ev["positions"]):,} positions in {f["seq_len"]}-token windows of the held-out files,
+and of the target's own continuations of prompts taken from them, when the draft saw such text):
 
-| | value |
-|---|---|
-| target cross-entropy (nats/token) | {ev["target_ce"]:.3f} |
-| draft cross-entropy (nats/token) | {ev["draft_ce"]:.3f} |
-| KL(target \\|\\| draft) (nats/token) | {ev["kl"]:.3f} |
-| greedy agreement (argmaxes equal) | {ev["agree"]:.3f} |
-| mean acceptance `sum_x min(p, q)`, temperature 1 | {ev["accept"]:.3f} |
+{table}
 
 Sizes and per-token costs. The cost is one decoding step (1 token against a 128-token KV cache,
 batch 1, float32, `transformers`, {f["threads"]} threads), timed for {costs.steps} steps per model
@@ -630,6 +751,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--draft-reuse", type=int, default=3, help="draft steps per new batch of target outputs"
     )
+    parser.add_argument(
+        "--reuse-target",
+        action="store_true",
+        help=f"keep the target in --out (its training as recorded in {RECORD}); train the draft",
+    )
+    parser.add_argument(
+        "--target-samples", type=int, default=1536, help="continuations written by the target"
+    )
+    parser.add_argument("--sample-new-tokens", type=int, default=192)
+    parser.add_argument(
+        "--greedy-share", type=float, default=0.6, help="of the target samples, decoded greedily"
+    )
+    parser.add_argument(
+        "--sample-share", type=float, default=0.7, help="of the draft's windows, from samples"
+    )
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
@@ -671,6 +807,55 @@ def costs_in_subprocess(directory: Path, prompt: torch.Tensor, threads: int) -> 
     command += ["--measure-costs", str(directory), "--prompt-ids", ids]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return DecodeCosts(**json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def train_target(
+    args: argparse.Namespace,
+    vocab: int,
+    eos_id: int,
+    train_stream: torch.Tensor,
+    train_seconds: float,
+) -> PhaseResult:
+    """Train the target on next-token cross-entropy; the model is in ``result.model``."""
+    torch.manual_seed(args.seed)
+    target = make_model(TARGET_SHAPE, vocab, eos_id, args.context)
+    log(f"target: {TARGET_SHAPE.describe()}, {n_params(target):,} parameters")
+
+    def target_loss(ids: torch.Tensor) -> torch.Tensor:
+        loss: torch.Tensor = target(input_ids=ids, labels=ids).loss
+        return loss
+
+    target_budget = args.target_share * train_seconds
+    result = run_phase(
+        "target",
+        target,
+        target_loss,
+        batches(train_stream, args.batch_size, args.seq_len, args.seed),
+        steps=args.steps,
+        budget_s=target_budget,
+        hard_stop=time.perf_counter() + 1.05 * target_budget,
+        peak_lr=args.target_lr,
+        warmup=args.warmup,
+        tokens_per_step=args.batch_size * args.seq_len,
+        log_every=args.log_every,
+        bf16=args.bf16,
+    )
+    result.model = target
+    return result
+
+
+def reused_target(out: Path, raw_tokenizer: Any) -> tuple[PhaseResult, str]:
+    """The target phase recorded in ``out/training.json``, checked against the tokenizer."""
+    from tokenizers import Tokenizer
+
+    record_path = out / RECORD
+    if not record_path.is_file():
+        raise SystemExit(f"--reuse-target needs {record_path}, written by a full run")
+    stored = Tokenizer.from_file(str(out / "target" / "tokenizer.json"))
+    if stored.get_vocab() != raw_tokenizer.get_vocab():
+        raise SystemExit("--reuse-target: the stored target's tokenizer differs from this one")
+    record = json.loads(record_path.read_text())
+    return PhaseResult(**record["target"]), record["target_command"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -715,35 +900,50 @@ def main(argv: list[str] | None = None) -> None:
     tokens_per_step = args.batch_size * args.seq_len
     train_seconds = deadline - RESERVE_S - time.perf_counter()
 
-    torch.manual_seed(args.seed)
-    target = make_model(TARGET_SHAPE, vocab, eos_id, args.context)
-    log(f"target: {TARGET_SHAPE.describe()}, {n_params(target):,} parameters")
-
-    def target_loss(ids: torch.Tensor) -> torch.Tensor:
-        loss: torch.Tensor = target(input_ids=ids, labels=ids).loss
-        return loss
-
-    target_budget = args.target_share * train_seconds
-    target_result = run_phase(
-        "target",
-        target,
-        target_loss,
-        batches(train_stream, args.batch_size, args.seq_len, args.seed),
-        steps=args.steps,
-        budget_s=target_budget,
-        hard_stop=time.perf_counter() + 1.05 * target_budget,
-        peak_lr=args.target_lr,
-        warmup=args.warmup,
-        tokens_per_step=tokens_per_step,
-        log_every=args.log_every,
-        bf16=args.bf16,
-    )
     target_dir, draft_dir = args.out / "target", args.out / "draft"
-    save_model(target, tokenizer, target_dir)
-    del target
+    if args.reuse_target:
+        target_result, target_command = reused_target(args.out, raw_tokenizer)
+        log(f"target: reusing {target_dir} ({target_result.steps} steps, by {target_command})")
+    else:
+        target_result = train_target(args, vocab, eos_id, train_stream, train_seconds)
+        save_model(target_result.model, tokenizer, target_dir)
+        target_result.model = None
+        target_command = "HF_HUB_OFFLINE=1 " + command
     target = load_model(target_dir)
     for p in target.parameters():
         p.requires_grad_(False)
+
+    draft_data: Iterator[torch.Tensor]
+    window = args.seq_len + 1
+    samples = held_samples = None
+    if args.target_samples:
+        log(f"sampling {args.target_samples} continuations from the target")
+        samples = target_samples(
+            target,
+            train_stream,
+            count=args.target_samples,
+            prompt_len=SAMPLE_PROMPT_LEN,
+            new_tokens=args.sample_new_tokens,
+            greedy_share=args.greedy_share,
+            eos_id=eos_id,
+            seed=args.seed + 3,
+        )
+        held_samples = target_samples(
+            target,
+            held_stream,
+            count=HELD_SAMPLES,
+            prompt_len=SAMPLE_PROMPT_LEN,
+            new_tokens=args.sample_new_tokens,
+            greedy_share=args.greedy_share,
+            eos_id=eos_id,
+            seed=args.seed + 4,
+        )
+        log(f"target samples: {samples.numel():,} tokens, {held_samples.numel():,} held out")
+        draft_data = mixed_batches(
+            (train_stream, samples), args.sample_share, args.batch_size, window, args.seed + 1
+        )
+    else:
+        draft_data = batches(train_stream, args.batch_size, window, args.seed + 1)
 
     torch.manual_seed(args.seed + 1)
     draft = make_model(DRAFT_SHAPE, vocab, eos_id, args.context)
@@ -767,7 +967,7 @@ def main(argv: list[str] | None = None) -> None:
         draft_loss,
         teacher_batches(
             target,
-            batches(train_stream, args.batch_size, args.seq_len + 1, args.seed + 1),
+            draft_data,
             pool=args.draft_pool,
             reuse=args.draft_reuse,
             seed=args.seed + 2,
@@ -792,6 +992,14 @@ def main(argv: list[str] | None = None) -> None:
         "held out: target CE {target_ce:.3f}, draft CE {draft_ce:.3f}, KL {kl:.3f}, "
         "greedy agreement {agree:.3f}, mean acceptance {accept:.3f}".format(**ev)
     )
+    ev_samples = None
+    if held_samples is not None:
+        sample_windows = eval_windows(held_samples, args.seq_len, args.eval_windows)
+        ev_samples = evaluate(target, draft, sample_windows, args.batch_size)
+        log(
+            "held-out target samples: KL {kl:.3f}, greedy agreement {agree:.3f}, "
+            "mean acceptance {accept:.3f}".format(**ev_samples)
+        )
 
     log("timing one decoding step of each model (default OpenMP settings)")
     params = {"target": n_params(target), "draft": n_params(draft)}
@@ -803,6 +1011,10 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     wall = time.perf_counter() - start
+    # A full run with these step counts: the target phase, then this run's other phases.
+    repeat_minutes = args.minutes
+    if args.reuse_target:
+        repeat_minutes = (target_result.seconds + wall) / 60 + 5
     sizes = {name: dir_size(d) / 1e6 for name, d in (("target", target_dir), ("draft", draft_dir))}
     repeat = [
         "python",
@@ -813,11 +1025,34 @@ def main(argv: list[str] | None = None) -> None:
         str(target_result.steps),
         "--draft-steps",
         str(draft_result.steps),
+        "--target-samples",
+        str(args.target_samples),
+        "--sample-new-tokens",
+        str(args.sample_new_tokens),
+        "--greedy-share",
+        f"{args.greedy_share:g}",
+        "--sample-share",
+        f"{args.sample_share:g}",
         "--minutes",
-        f"{args.minutes:g}",
+        f"{math.ceil(repeat_minutes):d}",
     ]
     if not args.bf16:
         repeat.append("--no-bf16")
+    (args.out / RECORD).write_text(
+        json.dumps(
+            {
+                "target_command": target_command,
+                "target": target_result.record(),
+                "draft_command": "HF_HUB_OFFLINE=1 " + command,
+                "draft": draft_result.record(),
+                "held_out": ev,
+                "held_out_target_samples": ev_samples,
+            },
+            indent=2,
+            sort_keys=True,
+        )
+        + "\n"
+    )
     phases = (("target", target_result), ("draft", draft_result))
     early = [name for name, result in phases if result.stopped_early]
     facts: dict[str, Any] = {
@@ -866,6 +1101,20 @@ def main(argv: list[str] | None = None) -> None:
         "target": target_result,
         "draft": draft_result,
         "eval": ev,
+        "eval_samples": ev_samples,
+        "target_command": target_command,
+        "reused": args.reuse_target,
+        "samples_note": (
+            f""" The draft's windows come from two sources: with probability
+            {args.sample_share:g}, text the target wrote itself ({args.target_samples}
+            continuations of random {SAMPLE_PROMPT_LEN}-token windows of the training text, up to
+            {args.sample_new_tokens} new tokens each, {args.greedy_share:.0%} decoded greedily and
+            the rest sampled at temperature 1: {samples.numel():,} tokens), otherwise the training
+            text. The draft thus also learns the target on the text it produces when decoding,
+            repetition loops included."""
+            if samples is not None
+            else ""
+        ),
         "target_mb": sizes["target"],
         "draft_mb": sizes["draft"],
         "total_mb": sizes["target"] + sizes["draft"],

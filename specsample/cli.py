@@ -123,7 +123,11 @@ def _add_generate_parser(commands: Any) -> None:
     )
     generate.add_argument("-k", type=positive, default=4, help="drafts per step (default 4)")
     generate.add_argument(
-        "--method", choices=("chain", "block"), default="chain", help="verification rule"
+        "--method",
+        choices=("chain", "block", "typical"),
+        default="chain",
+        help="verification rule: chain or block (exact), typical (Medusa's, LOSSY: the output "
+        "does not follow the target's distribution)",
     )
     generate.add_argument(
         "--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)"
@@ -361,6 +365,8 @@ def _generate(args: argparse.Namespace) -> int:
             print(f"[{i}] {tokenizer.decode(prompt_ids + ids, skip_special_tokens=True)}")
         print()
     print(output.stats.format_table())
+    if args.method == "typical":
+        print("note: typical acceptance is lossy; this output is not a sample of the target")
     if args.compare:
         baseline = target_generate(target, prompts, on_progress=_Progress("target-only"), **common)
         print()

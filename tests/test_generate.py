@@ -154,6 +154,30 @@ def test_block_greedy_and_per_request_temperature(pair, greedy_reference) -> Non
             assert seq == ref
 
 
+def test_typical_acceptance_in_the_loop(pair, greedy_reference) -> None:
+    """Typical acceptance is lossy when sampling, but at temperature 0 it is greedy decoding."""
+    target, draft = pair
+    out = speculative_generate(target, PROMPTS, draft, k=3, method="typical", max_new_tokens=24)
+    assert out.sequences == greedy_reference
+    assert out.stats.method == "typical"
+    runs = [
+        speculative_generate(
+            target,
+            PROMPTS,
+            draft,
+            k=3,
+            method="typical",
+            temperature=1.0,
+            max_new_tokens=24,
+            seeds=5,
+        )
+        for _ in range(2)
+    ]
+    assert runs[0].sequences == runs[1].sequences
+    assert all(len(s) == 24 and max(s) < VOCAB for s in runs[0].sequences)
+    assert 0.0 < runs[0].stats.acceptance_rate < 1.0
+
+
 def test_long_generation_compacts_the_caches(pair, monkeypatch) -> None:
     target, draft = pair
     prompt = [[4, 9, 1]]

@@ -4,8 +4,9 @@
 :class:`ModelDrafter`, a small causal LM sharing the target's tokenizer, or an
 :class:`NGramDrafter`, prompt lookup without a model), scores them with one target forward
 and verifies them with :func:`specsample.verify`, so the output follows the target's
-distribution exactly. :func:`target_generate` is the target-only baseline, sampled by the
-same processing. Both report :class:`GenerationStats`.
+distribution exactly (unless Medusa's typical acceptance, which is lossy, is asked for).
+:func:`target_generate` is the target-only baseline, sampled by the same processing. Both
+report :class:`GenerationStats`.
 
 ``transformers`` is needed to run a model but is imported only when one is used.
 """
@@ -19,10 +20,16 @@ from specsample.generate.drafters import (
     Proposal,
     SamplingState,
 )
-from specsample.generate.loop import GenerationOutput, speculative_generate, target_generate
+from specsample.generate.loop import (
+    GENERATE_METHODS,
+    GenerationOutput,
+    speculative_generate,
+    target_generate,
+)
 from specsample.generate.stats import GenerationStats
 
 __all__ = [
+    "GENERATE_METHODS",
     "DecodeState",
     "Drafter",
     "GenerationOutput",

@@ -8,7 +8,8 @@ One step of :func:`speculative_generate`, for every active sequence at once:
    ``k + 1`` slots per sequence;
 3. :func:`specsample.verify` accepts a prefix of the drafts and emits one more token
    (``method="chain"`` or ``"block"``; greedy where the temperature is 0), with randomness
-   keyed by each sequence's seed and position;
+   keyed by each sequence's seed and position (or, with ``method="typical"``, Medusa's
+   lossy typical acceptance does);
 4. the emitted tokens are appended; the target's slots of rejected drafts, and the draft
    model's, are masked for good, so both caches stay rectangular while every sequence
    advances by its own accepted length;
@@ -44,8 +45,14 @@ from specsample.generate.drafters import (
 from specsample.generate.hf import CachedLM
 from specsample.generate.stats import GenerationStats
 from specsample.metadata import SamplingMetadata, Scalars
+from specsample.probs import processed_probs
+from specsample.rules.typical import typical_acceptance
 
-__all__ = ["GenerationOutput", "speculative_generate", "target_generate"]
+__all__ = ["GENERATE_METHODS", "GenerationOutput", "speculative_generate", "target_generate"]
+
+GENERATE_METHODS = (*METHODS, "typical")
+"""Verification rules of the loop: the exact ones of :func:`specsample.verify`, then Medusa's
+typical acceptance (LOSSY, see :mod:`specsample.rules.typical`)."""
 
 TokenCallback = Callable[[int, list[int]], None]
 """``on_tokens(sequence_index, new_token_ids)``, called every step a sequence grows."""
@@ -236,16 +243,19 @@ def _decode_batch(
         inputs = torch.cat([state.last_tokens().unsqueeze(1), drafts], dim=1)
         logits = lm.forward(inputs, (state.lengths - 1).unsqueeze(1) + cols, keep=k + 1)
         vocab = logits.shape[-1]
-        out = verify(
-            logits.reshape(size * (k + 1), vocab),
-            drafts.reshape(-1),
-            [k] * size,
-            draft_probs=None if probs is None else probs.reshape(size * k, vocab),
-            positions=state.counter_base(k),
-            method=method,
-            **sampling.verify_kwargs(),  # type: ignore[arg-type]
-        )
-        emitted, new = out.num_emitted, out.token_ids
+        if method == "typical":
+            new, emitted = _typical(logits, drafts, sampling.meta)
+        else:
+            out = verify(
+                logits.reshape(size * (k + 1), vocab),
+                drafts.reshape(-1),
+                [k] * size,
+                draft_probs=None if probs is None else probs.reshape(size * k, vocab),
+                positions=state.counter_base(k),
+                method=method,
+                **sampling.verify_kwargs(),  # type: ignore[arg-type]
+            )
+            emitted, new = out.num_emitted, out.token_ids
         lm.set_tail_valid(cols < emitted.unsqueeze(1))
         state.tokens.scatter_(1, state.lengths.unsqueeze(1) + cols, new.clamp(min=0))
         allowed = budget - (state.lengths - prompt_lengths)
@@ -299,6 +309,31 @@ def _decode_batch(
         sequence_forwards=forwards,
         accepted_counts=tuple(counts.tolist()) if drafter is not None else (),
     )
+
+
+def _typical(
+    logits: torch.Tensor, drafts: torch.Tensor, meta: SamplingMetadata
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Typical acceptance of one step (LOSSY): ``[batch, k + 1]`` tokens, ``[batch]`` emitted.
+
+    The target rows get the requests' processing first (greedy rows become one-hot, so a
+    greedy request accepts exactly the drafts equal to the target argmax).
+    """
+    size, slots, vocab = logits.shape
+
+    def per_row(values: Sequence[float], dtype: torch.dtype) -> torch.Tensor:
+        row = torch.tensor(values, dtype=dtype, device=logits.device)
+        return row.repeat_interleave(slots)
+
+    probs = processed_probs(
+        logits.reshape(size * slots, vocab),
+        per_row(meta.temperature, torch.float32),
+        top_k=per_row(meta.top_k, torch.int64) if meta.max_top_k else None,
+        top_p=per_row(meta.top_p, torch.float32) if meta.any_top_p else None,
+        min_p=per_row(meta.min_p, torch.float32) if meta.any_min_p else None,
+    )
+    out = typical_acceptance(probs.reshape(size, slots, vocab), drafts)
+    return out.token_ids, out.num_accepted + 1
 
 
 def _stream(
@@ -442,7 +477,9 @@ def speculative_generate(
         Drafts per step, ``>= 1``.
     method : str
         ``"chain"`` (token by token) or ``"block"`` (block verification; needs a drafter
-        that samples, such as a draft model).
+        that samples, such as a draft model), both exact; or ``"typical"``: Medusa's typical
+        acceptance, which is LOSSY (its output does not follow the target's distribution;
+        see :mod:`specsample.rules.typical`).
     temperature, top_k, top_p, min_p : scalar or sequence
         Sampling parameters, one value or one per prompt, as in :func:`specsample.verify`
         (temperature 0: greedy). The draft model's distributions get the same processing.
@@ -469,8 +506,8 @@ def speculative_generate(
         The generated ids per prompt and the run's :class:`GenerationStats`.
     """
     _check_int("k", k, 1)
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method not in GENERATE_METHODS:
+        raise ValueError(f"method must be one of {GENERATE_METHODS}, got {method!r}")
     if not isinstance(drafter, Drafter):
         if getattr(drafter, "config", None) is None:
             raise TypeError(
