@@ -43,7 +43,7 @@ from specsample import RejectionSampler, kernels, verify
 from specsample import api as api_module
 from specsample import sampler as sampler_module
 from specsample.metadata import BatchLayout, SamplingMetadata
-from specsample.probs import processed_probs, row_stats
+from specsample.probs import processed_probs
 from specsample.random import step_uniforms
 from specsample.rules.block import block_verify
 from specsample.rules.chain import chain_verify
@@ -95,21 +95,7 @@ def kernel_verify(
     device = target_logits.device
     layout = BatchLayout.build(num_draft_tokens, device)
     meta = SamplingMetadata.build(layout.batch, **params)
-    request = layout.target_request()
-
-    def per_row(values: Any, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor([values[i] for i in request], dtype=dtype).to(device, non_blocking=True)
-
-    inv_t = [1.0 / t if t > 0 else 1.0 for t in meta.temperature]
-    stats = row_stats(
-        target_logits,
-        per_row(inv_t, torch.float32),
-        top_k=per_row(meta.top_k, torch.int64) if meta.max_top_k else None,
-        max_top_k=meta.max_top_k,
-        top_p=per_row(meta.top_p, torch.float32) if meta.any_top_p else None,
-        min_p=per_row(meta.min_p, torch.float32) if meta.any_min_p else None,
-        need_norm=not meta.all_greedy,
-    )
+    stats = api_module._target_stats(target_logits, meta, layout, not meta.all_greedy)
     greedy = torch.tensor([t == 0.0 for t in meta.temperature]).to(device, non_blocking=True)
     if meta.all_greedy:
         uniforms = None

@@ -51,7 +51,7 @@ import torch
 from specsample import api, kernels, verify
 from specsample.kernels import launch
 from specsample.metadata import BatchLayout, SamplingMetadata
-from specsample.probs import processed_probs, row_stats
+from specsample.probs import processed_probs
 from specsample.random import step_uniforms
 from specsample.rules.block import block_verify
 from specsample.rules.chain import VerifyResult, chain_verify
@@ -275,26 +275,6 @@ def test_probs_parity(rule: str, split: bool, monkeypatch: pytest.MonkeyPatch) -
 # --------------------------------------------------------------------------------------
 
 
-def _target_stats(
-    logits: torch.Tensor, meta: SamplingMetadata, layout: BatchLayout, need_norm: bool
-) -> Any:
-    request = layout.target_request()
-
-    def per_row(values: Any, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor([values[i] for i in request], dtype=dtype)
-
-    inv_t = [1.0 / t if t > 0 else 1.0 for t in meta.temperature]
-    return row_stats(
-        logits,
-        per_row(inv_t, torch.float32),
-        top_k=per_row(meta.top_k, torch.int64) if meta.max_top_k else None,
-        max_top_k=meta.max_top_k,
-        top_p=per_row(meta.top_p, torch.float32) if meta.any_top_p else None,
-        min_p=per_row(meta.min_p, torch.float32) if meta.any_min_p else None,
-        need_norm=need_norm,
-    )
-
-
 def kernel_verify(
     target_logits: torch.Tensor,
     draft_token_ids: torch.Tensor,
@@ -312,7 +292,7 @@ def kernel_verify(
     """
     layout = BatchLayout.build(num_draft_tokens, target_logits.device)
     meta = SamplingMetadata.build(layout.batch, **params)
-    stats = _target_stats(target_logits, meta, layout, not meta.all_greedy)
+    stats = api._target_stats(target_logits, meta, layout, not meta.all_greedy)
     greedy = torch.tensor([t == 0.0 for t in meta.temperature])
     if meta.all_greedy:
         uniforms = None

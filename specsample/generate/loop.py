@@ -41,11 +41,11 @@ from specsample.generate.drafters import (
     ModelDrafter,
     Prefill,
     SamplingState,
+    draft_probs,
 )
 from specsample.generate.hf import CachedLM
 from specsample.generate.stats import GenerationStats
 from specsample.metadata import SamplingMetadata, Scalars
-from specsample.probs import processed_probs
 from specsample.rules.typical import typical_acceptance
 
 __all__ = ["GENERATE_METHODS", "GenerationOutput", "speculative_generate", "target_generate"]
@@ -244,7 +244,7 @@ def _decode_batch(
         logits = lm.forward(inputs, (state.lengths - 1).unsqueeze(1) + cols, keep=k + 1)
         vocab = logits.shape[-1]
         if method == "typical":
-            new, emitted = _typical(logits, drafts, sampling.meta)
+            new, emitted = _typical(logits, drafts, sampling)
         else:
             out = verify(
                 logits.reshape(size * (k + 1), vocab),
@@ -312,27 +312,17 @@ def _decode_batch(
 
 
 def _typical(
-    logits: torch.Tensor, drafts: torch.Tensor, meta: SamplingMetadata
+    logits: torch.Tensor, drafts: torch.Tensor, sampling: SamplingState
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Typical acceptance of one step (LOSSY): ``[batch, k + 1]`` tokens, ``[batch]`` emitted.
 
     The target rows get the requests' processing first (greedy rows become one-hot, so a
     greedy request accepts exactly the drafts equal to the target argmax).
     """
-    size, slots, vocab = logits.shape
-
-    def per_row(values: Sequence[float], dtype: torch.dtype) -> torch.Tensor:
-        row = torch.tensor(values, dtype=dtype, device=logits.device)
-        return row.repeat_interleave(slots)
-
-    probs = processed_probs(
-        logits.reshape(size * slots, vocab),
-        per_row(meta.temperature, torch.float32),
-        top_k=per_row(meta.top_k, torch.int64) if meta.max_top_k else None,
-        top_p=per_row(meta.top_p, torch.float32) if meta.any_top_p else None,
-        min_p=per_row(meta.min_p, torch.float32) if meta.any_min_p else None,
+    probs = torch.stack(
+        [draft_probs(logits[:, slot], sampling) for slot in range(logits.shape[1])], dim=1
     )
-    out = typical_acceptance(probs.reshape(size, slots, vocab), drafts)
+    out = typical_acceptance(probs, drafts)
     return out.token_ids, out.num_accepted + 1
 
 

@@ -408,6 +408,27 @@ def _strict_checks(
             raise ValueError(f"{name} must be non-negative and free of NaN")
 
 
+def _walk_start(
+    batch: int, max_depth: int, device: torch.device
+) -> tuple[torch.Tensor, ...]:
+    """State of a walk down the trees, at their roots.
+
+    Returns ``rows [batch]`` (arange), ``current [batch]`` (node, 0), ``active [batch]``
+    (True), ``accepted_count [batch]`` (0), ``path [batch, max_depth + 1]`` (visited nodes:
+    the root, then -1) and ``tokens [batch, max_depth + 1]`` (-1).
+    """
+    path = torch.full((batch, max_depth + 1), -1, dtype=torch.int64, device=device)
+    path[:, 0] = 0
+    return (
+        torch.arange(batch, device=device),
+        torch.zeros(batch, dtype=torch.int64, device=device),
+        torch.ones(batch, dtype=torch.bool, device=device),
+        torch.zeros(batch, dtype=torch.int64, device=device),
+        path,
+        torch.full((batch, max_depth + 1), -1, dtype=torch.int64, device=device),
+    )
+
+
 def _child_table(parents: torch.Tensor, batch: int, max_children: int) -> torch.Tensor:
     """``[batch, N, max_children]``: the ``j``-th child (in index order) of each node, or -1.
 
@@ -484,13 +505,7 @@ def _verify(
     work = torch.float64 if target_probs.dtype == torch.float64 else torch.float32
     ids = draft_token_ids.to(torch.int64)
     table = _child_table(parents.to(device=device, dtype=torch.int64), batch, max_children)
-    rows = torch.arange(batch, device=device)
-    current = torch.zeros(batch, dtype=torch.int64, device=device)
-    active = torch.ones(batch, dtype=torch.bool, device=device)
-    accepted_count = torch.zeros(batch, dtype=torch.int64, device=device)
-    path = torch.full((batch, max_depth + 1), -1, dtype=torch.int64, device=device)
-    path[:, 0] = 0
-    tokens = torch.full((batch, max_depth + 1), -1, dtype=torch.int64, device=device)
+    rows, current, active, accepted_count, path, tokens = _walk_start(batch, max_depth, device)
 
     q = target_probs[:, 0].to(work)
     use_draft = method != "onehot"
@@ -723,13 +738,7 @@ def tree_verify_greedy(
     ids = draft_token_ids.to(torch.int64)
     table = _child_table(parents.to(device=device, dtype=torch.int64), batch, max_children)
     best = target_probs.argmax(dim=-1)
-    rows = torch.arange(batch, device=device)
-    current = torch.zeros(batch, dtype=torch.int64, device=device)
-    active = torch.ones(batch, dtype=torch.bool, device=device)
-    accepted_count = torch.zeros(batch, dtype=torch.int64, device=device)
-    path = torch.full((batch, max_depth + 1), -1, dtype=torch.int64, device=device)
-    path[:, 0] = 0
-    tokens = torch.full((batch, max_depth + 1), -1, dtype=torch.int64, device=device)
+    rows, current, active, accepted_count, path, tokens = _walk_start(batch, max_depth, device)
     for level in range(max_depth):
         target_token = best[rows, current]
         found = torch.zeros(batch, dtype=torch.bool, device=device)
