@@ -1,10 +1,14 @@
 """specsample: the exact, fast verification step of speculative decoding.
 
-Two entry points share one implementation:
+Three entry points share one pipeline (:mod:`specsample.pipeline`: plan the step, then a
+backend of :mod:`specsample.backends` executes it):
 
-* :class:`RejectionSampler`, a drop-in ``nn.Module`` on ``[batch, k, vocab]`` probabilities;
+* :class:`RejectionSampler`, a drop-in ``nn.Module`` on ``[batch, k, vocab]`` probabilities
+  (and :class:`TypicalAcceptanceSampler`, the LOSSY typical rule with the same interface);
 * :func:`verify`, the functional API engines call on flattened, ragged target logits with
   per-request sampling parameters (and :func:`verify_padded` for ``[batch, k + 1, vocab]``).
+
+The verification methods are listed once, in :mod:`specsample.methods`.
 
 Both accept a prefix of each sequence's drafted tokens and emit one more, so that the emitted
 stream follows the target distribution exactly. :mod:`specsample.testing` is the exactness
@@ -12,14 +16,18 @@ harness that proves it (and can test any verifier with the same signature);
 :mod:`specsample.stats` holds the counters and metrics.
 """
 
-from specsample.api import METHODS, VerifyOutput, verify, verify_padded
+from specsample.api import VerifyOutput, verify, verify_padded
+from specsample.backends import BACKENDS
+from specsample.methods import METHODS
 from specsample.rules import VerifyResult, chain_verify
-from specsample.sampler import RejectionSampler
+from specsample.sampler import RejectionSampler, TypicalAcceptanceSampler
 from specsample.stats import VerificationStats, expected_acceptance
 
 __all__ = [
+    "BACKENDS",
     "METHODS",
     "RejectionSampler",
+    "TypicalAcceptanceSampler",
     "VerificationStats",
     "VerifyOutput",
     "VerifyResult",

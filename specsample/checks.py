@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["PROB_DTYPES", "SUM_TOLERANCE", "check_chain_inputs", "check_chain_values"]
+from specsample.metadata import BatchLayout
 
 PROB_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 """Accepted dtypes of probability tensors."""
@@ -24,7 +24,7 @@ SUM_TOLERANCE = {
 """Largest ``|sum(row) - 1|`` strict mode accepts, by dtype."""
 
 
-def _require_tensor(name: str, value: object) -> torch.Tensor:
+def require_tensor(name: str, value: object) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     return value
@@ -59,10 +59,10 @@ def check_chain_inputs(
     ...
     ValueError: draft_probs must have shape (2, 3, 5) like target_probs, got (2, 4, 5)
     """
-    target = _require_tensor("target_probs", target_probs)
-    bonus = _require_tensor("bonus_token_ids", bonus_token_ids)
-    draft = _require_tensor("draft_probs", draft_probs)
-    ids = _require_tensor("draft_token_ids", draft_token_ids)
+    target = require_tensor("target_probs", target_probs)
+    bonus = require_tensor("bonus_token_ids", bonus_token_ids)
+    draft = require_tensor("draft_probs", draft_probs)
+    ids = require_tensor("draft_token_ids", draft_token_ids)
     _require_rank("target_probs", target, 3, "[batch, k, vocab]")
     _require_rank("draft_probs", draft, 3, "[batch, k, vocab]")
     _require_rank("draft_token_ids", ids, 2, "[batch, k]")
@@ -126,10 +126,12 @@ def _check_probs(name: str, probs: torch.Tensor) -> None:
 def check_chain_values(
     target_probs: torch.Tensor,
     bonus_token_ids: torch.Tensor,
-    draft_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
     draft_token_ids: torch.Tensor,
 ) -> None:
     """Strict-mode value checks; they read every element and synchronise with the device.
+
+    ``draft_probs`` is ``None`` for a rule that does not read it.
 
     Raises
     ------
@@ -150,4 +152,69 @@ def check_chain_values(
     _check_ids("draft_token_ids", draft_token_ids, vocab)
     _check_ids("bonus_token_ids", bonus_token_ids, vocab)
     _check_probs("target_probs", target_probs)
-    _check_probs("draft_probs", draft_probs)
+    if draft_probs is not None:
+        _check_probs("draft_probs", draft_probs)
+
+
+def check_logits_inputs(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    layout: BatchLayout,
+    draft_rows: torch.Tensor | None,
+    draft_name: str,
+) -> None:
+    """Shape, dtype and device checks of :func:`specsample.verify`'s tensors (no sync)."""
+    if target_logits.dim() != 2:
+        raise ValueError(
+            f"target_logits must have shape [rows, vocab], got {tuple(target_logits.shape)}"
+        )
+    if target_logits.dtype not in PROB_DTYPES:
+        raise TypeError(f"target_logits must be a floating tensor, got {target_logits.dtype}")
+    if draft_token_ids.dim() != 1 or draft_token_ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(
+            f"draft_token_ids must be a 1-D int64 or int32 tensor, got {draft_token_ids.dtype} "
+            f"of shape {tuple(draft_token_ids.shape)}"
+        )
+    rows, vocab = target_logits.shape
+    total = layout.total_drafts
+    if draft_token_ids.shape[0] != total:
+        raise ValueError(
+            f"num_draft_tokens adds up to {total} "
+            f"but draft_token_ids has {draft_token_ids.shape[0]} entries"
+        )
+    if rows != layout.target_rows:
+        what = "total_drafts + batch" if layout.bonus_rows else "total_drafts (bonus ids given)"
+        raise ValueError(
+            f"target_logits must have {what} = {layout.target_rows} rows "
+            f"(num_draft_tokens adds up to {total}, batch {layout.batch}), got {rows}"
+        )
+    _same_device("draft_token_ids", draft_token_ids, target_logits)
+    if draft_rows is not None:
+        if draft_rows.shape != (total, vocab):
+            raise ValueError(
+                f"{draft_name} must have shape {(total, vocab)}, got {tuple(draft_rows.shape)}"
+            )
+        _same_device(draft_name, draft_rows, target_logits)
+        if not draft_rows.dtype.is_floating_point:
+            raise TypeError(f"{draft_name} must be a floating tensor, got {draft_rows.dtype}")
+
+
+def _same_device(name: str, tensor: torch.Tensor, target: torch.Tensor) -> None:
+    if tensor.device != target.device:
+        raise ValueError(f"{name} is on {tensor.device} but target_logits is on {target.device}")
+
+
+def check_logits_values(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_rows: torch.Tensor | None,
+    draft_name: str,
+) -> None:
+    """The strict-mode value checks of :func:`specsample.verify` (synchronise)."""
+    vocab = target_logits.shape[-1]
+    if bool(torch.isnan(target_logits).any()):
+        raise ValueError("target_logits contains NaN")
+    if draft_token_ids.numel() and bool(((draft_token_ids < 0) | (draft_token_ids >= vocab)).any()):
+        raise ValueError(f"draft_token_ids must lie in [0, {vocab})")
+    if draft_rows is not None and bool(torch.isnan(draft_rows).any()):
+        raise ValueError(f"{draft_name} contains NaN")

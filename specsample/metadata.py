@@ -1,35 +1,57 @@
 """What a batch asks for: its ragged layout and per-request sampling parameters.
 
-This is host-side metadata, built once per step from Python values (or CPU tensors) and
-turned into a few small device tensors; the kernels in :mod:`specsample.probs` and
-:mod:`specsample.rules` only read those. Keeping the flags (all greedy? any top-p?) on the
-host is what lets the device work run without ever synchronising.
+Metadata is kept apart from the computation. :class:`BatchLayout` and
+:class:`SamplingMetadata` turn what the caller gives (host values, CPU tensors or tensors on
+the batch's device) into a few small device tensors, plus host-side hints (all greedy? any
+top-p? the widest top-k?) that let the device work be planned without ever synchronising.
+
+Host values are validated on the host. Tensors on an accelerator stay there: nothing is
+copied back, so their values are only checked in strict mode
+(:meth:`SamplingMetadata.check_values`), and the hints become conservative (some row may be
+greedy, some may be sampled; top-k is taken over the whole vocabulary).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-__all__ = ["BatchLayout", "SamplingMetadata"]
-
 Scalars = float | int | Sequence[float] | Sequence[int] | torch.Tensor | None
 
+GREEDY_BELOW = 2.0**-100
+"""Temperatures below this (about ``7.9e-31``) are greedy, their limit as ``T -> 0``.
 
-def _host_list(name: str, value: Scalars, batch: int, default: float) -> list[float]:
+Keeps ``1 / T <= 2**100``, so ``logits / T`` stays finite in float32 for any logit of
+magnitude below ``2**27``; a smaller positive ``T`` would make ``1 / T`` or ``logits / T``
+overflow to infinity and leave the row without a distribution."""
+
+
+def _on_host(value: torch.Tensor) -> bool:
+    return value.device.type == "cpu"
+
+
+def _host_values(name: str, value: Scalars, batch: int, default: float) -> list[float] | None:
+    """``value`` as one float per request, or ``None`` for a tensor on an accelerator."""
     if value is None:
         return [default] * batch
     if isinstance(value, torch.Tensor):
-        if value.dim() == 0:
-            return [float(value)] * batch
-        if value.dim() != 1:
+        if value.dim() > 1 or (value.dim() == 1 and value.shape[0] != batch):
             raise ValueError(
                 f"{name} must be a scalar or have shape ({batch},), got {tuple(value.shape)}"
             )
-        value = value.tolist()
+        if value.dtype == torch.bool or value.is_complex():
+            raise TypeError(f"{name} must be a real tensor, got {value.dtype}")
+        if not _on_host(value):
+            return None
+        values = value.expand(batch).tolist()
+        return [float(v) for v in values]
+    if isinstance(value, bool) or not isinstance(value, (int, float, Sequence)):
+        raise TypeError(
+            f"{name} must be a number, a sequence or a tensor, got {type(value).__name__}"
+        )
     if isinstance(value, (int, float)):
         return [float(value)] * batch
     values = [float(v) for v in value]
@@ -38,19 +60,45 @@ def _host_list(name: str, value: Scalars, batch: int, default: float) -> list[fl
     return values
 
 
+def _validate(name: str, values: list[float]) -> None:
+    for v in values:
+        if name == "temperature" and not (v >= 0.0 and math.isfinite(v)):
+            raise ValueError(f"temperature must be finite and >= 0, got {v}")
+        if name == "top_k" and not (v >= 0 and v == int(v)):
+            raise ValueError(f"top_k must be a non-negative integer (0 = off), got {v}")
+        if name == "top_p" and not 0.0 < v <= 1.0:
+            raise ValueError(f"top_p must lie in (0, 1], got {v}")
+        if name == "min_p" and not 0.0 <= v <= 1.0:
+            raise ValueError(f"min_p must lie in [0, 1], got {v}")
+
+
+def _device_values(
+    values: list[float] | None, given: Scalars, batch: int, device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
+    if values is not None:
+        return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+    if not isinstance(given, torch.Tensor):
+        raise TypeError("expected a tensor")
+    return given.to(device=device, dtype=dtype).expand(batch)
+
+
 @dataclass(frozen=True)
 class BatchLayout:
     """The ragged layout of a flattened batch.
 
     Request ``i`` has ``num_drafts[i]`` draft positions. The flattened target rows hold, for
-    each request in turn, its draft positions and then its bonus position; the flattened
-    draft rows (and ids) hold its draft positions only.
+    each request in turn, its draft positions and then its bonus position (or, with
+    ``bonus_rows=False``, its draft positions only, the bonus tokens being given); the
+    flattened draft rows (and ids) hold its draft positions only.
 
     Attributes
     ----------
-    num_drafts : tuple[int, ...]
-        Drafts per request (zeros allowed).
-    num_drafts_t, draft_start, target_start : torch.Tensor
+    batch, total_drafts, max_drafts : int
+        Requests, draft positions over the batch, and the most drafts of any request (the
+        padded width minus one): host-side.
+    bonus_rows : bool
+        Whether the target rows include one bonus row per request.
+    num_drafts, draft_start, target_start : torch.Tensor
         ``[batch]`` int64 device tensors: the counts, the first draft row and the first
         target row of each request.
 
@@ -61,145 +109,251 @@ class BatchLayout:
     (3, 2, [0, 3, 4])
     """
 
-    num_drafts: tuple[int, ...]
-    num_drafts_t: torch.Tensor
+    batch: int
+    total_drafts: int
+    max_drafts: int
+    bonus_rows: bool
+    num_drafts: torch.Tensor
     draft_start: torch.Tensor
     target_start: torch.Tensor
 
     @staticmethod
-    def build(num_draft_tokens: Sequence[int] | torch.Tensor, device: torch.device) -> BatchLayout:
-        """Build the layout from host-side draft counts (a sequence or a CPU tensor)."""
+    def build(
+        num_draft_tokens: Sequence[int] | torch.Tensor,
+        device: torch.device,
+        *,
+        total_drafts: int | None = None,
+        max_drafts: int | None = None,
+        bonus_rows: bool = True,
+    ) -> BatchLayout:
+        """Build the layout from the draft counts.
+
+        Parameters
+        ----------
+        num_draft_tokens : sequence of int or tensor
+            ``[batch]`` drafts per request: host values, a CPU tensor, or an integer tensor
+            on the batch's device (then ``total_drafts`` and ``max_drafts`` are required,
+            as reading them would synchronise).
+        device : torch.device
+            The batch's device.
+        total_drafts, max_drafts : int, optional
+            Host-side sum and maximum of device counts. With host counts ``total_drafts``
+            is ignored and ``max_drafts``, when given, widens the padded width (it must be
+            at least the largest count).
+        bonus_rows : bool
+            Whether the target rows include each request's bonus row.
+        """
         if isinstance(num_draft_tokens, torch.Tensor):
             if num_draft_tokens.dim() != 1 or num_draft_tokens.dtype.is_floating_point:
                 raise ValueError(
                     "num_draft_tokens must be a 1-D integer tensor or a sequence of ints"
                 )
+            if not _on_host(num_draft_tokens):
+                return BatchLayout._from_device(
+                    num_draft_tokens, device, total_drafts, max_drafts, bonus_rows
+                )
             num_draft_tokens = num_draft_tokens.tolist()
-        counts = tuple(int(n) for n in num_draft_tokens)
+        counts = [int(n) for n in num_draft_tokens]
         if any(n < 0 for n in counts):
             raise ValueError(f"num_draft_tokens must be >= 0, got {min(counts)}")
-        draft_start = [0] * len(counts)
+        widest = max(counts, default=0)
+        if max_drafts is not None and max_drafts < widest:
+            raise ValueError(
+                f"max_draft_tokens is {max_drafts} but a request has {widest} draft tokens"
+            )
+        starts = [0] * len(counts)
         for i in range(1, len(counts)):
-            draft_start[i] = draft_start[i - 1] + counts[i - 1]
-        start = torch.tensor(draft_start, dtype=torch.int64)
+            starts[i] = starts[i - 1] + counts[i - 1]
+        start = torch.tensor(starts, dtype=torch.int64)
+        target_start = start + torch.arange(len(counts)) if bonus_rows else start
         return BatchLayout(
-            num_drafts=counts,
-            num_drafts_t=torch.tensor(counts, dtype=torch.int64).to(device, non_blocking=True),
+            batch=len(counts),
+            total_drafts=sum(counts),
+            max_drafts=widest if max_drafts is None else int(max_drafts),
+            bonus_rows=bonus_rows,
+            num_drafts=torch.tensor(counts, dtype=torch.int64).to(device, non_blocking=True),
             draft_start=start.to(device, non_blocking=True),
-            target_start=(start + torch.arange(len(counts))).to(device, non_blocking=True),
+            target_start=target_start.to(device, non_blocking=True),
+        )
+
+    @staticmethod
+    def _from_device(
+        counts: torch.Tensor,
+        device: torch.device,
+        total_drafts: int | None,
+        max_drafts: int | None,
+        bonus_rows: bool,
+    ) -> BatchLayout:
+        if total_drafts is None or max_drafts is None:
+            raise ValueError(
+                f"num_draft_tokens is a tensor on {counts.device}: pass its maximum as "
+                "max_draft_tokens= (reading it would synchronise), or give the counts as a list"
+            )
+        counts = counts.to(device=device, dtype=torch.int64)
+        start = counts.cumsum(0) - counts
+        target_start = start + torch.arange(counts.shape[0], device=device) if bonus_rows else start
+        return BatchLayout(
+            batch=int(counts.shape[0]),
+            total_drafts=int(total_drafts),
+            max_drafts=int(max_drafts),
+            bonus_rows=bonus_rows,
+            num_drafts=counts,
+            draft_start=start,
+            target_start=target_start,
         )
 
     @property
-    def batch(self) -> int:
-        """Number of requests."""
-        return len(self.num_drafts)
+    def target_rows(self) -> int:
+        """Number of flattened target rows: ``total_drafts`` (plus ``batch`` bonus rows)."""
+        return self.total_drafts + (self.batch if self.bonus_rows else 0)
 
-    @property
-    def total_drafts(self) -> int:
-        """Number of draft positions over the batch."""
-        return sum(self.num_drafts)
-
-    @property
-    def max_drafts(self) -> int:
-        """Largest number of drafts of any request (the padded width minus one)."""
-        return max(self.num_drafts, default=0)
-
-    def target_request(self) -> list[int]:
-        """The request each flattened target row belongs to (host list)."""
-        return [i for i, n in enumerate(self.num_drafts) for _ in range(n + 1)]
+    def target_request(self) -> torch.Tensor:
+        """``[target_rows]`` int64: the request each flattened target row belongs to."""
+        rows = torch.arange(self.target_rows, device=self.target_start.device)
+        return torch.searchsorted(self.target_start, rows, right=True) - 1
 
 
 @dataclass(frozen=True)
 class SamplingMetadata:
-    """Per-request sampling parameters, validated, with host-side flags.
+    """Per-request sampling parameters as device tensors, with host-side hints.
 
     The target distribution is processed in this order: temperature, then top-k, then
-    top-p, then min-p (see :mod:`specsample.probs`). Temperature 0 means greedy.
+    top-p, then min-p (see :mod:`specsample.probs`). Temperature 0 (or below
+    :data:`GREEDY_BELOW`) means greedy; greedy requests have every filter off.
 
     Attributes
     ----------
-    temperature, top_p, min_p : list[float]
-    top_k : list[int]
-        One value per request; ``top_k = 0``, ``top_p = 1`` and ``min_p = 0`` switch the
-        filter off, and greedy requests have every filter off.
+    inv_temperature : torch.Tensor
+        ``[batch]`` float32 ``1 / T`` (1 for greedy requests).
+    greedy : torch.Tensor
+        ``[batch]`` bool.
+    top_k : torch.Tensor or None
+        ``[batch]`` int64, 0 = off; ``None`` when no request uses it.
+    top_p, min_p : torch.Tensor or None
+        ``[batch]`` float32 (1, resp. 0 = off); ``None`` when no request uses them.
+    all_greedy : bool
+        Every request is known to be greedy: no softmax, no random numbers needed.
+    any_greedy : bool
+        Some request may be greedy.
+    max_top_k : int or None
+        The largest top-k, when known on the host (``None``: take the k-th largest over
+        the whole vocabulary).
 
     Examples
     --------
-    >>> meta = SamplingMetadata.build(3, temperature=[0.0, 0.7, 1.0], top_p=0.9)
-    >>> meta.all_greedy, meta.any_greedy, meta.any_top_p, meta.greedy_requests
-    (False, True, True, [0])
+    >>> meta = SamplingMetadata.build(3, torch.device("cpu"), temperature=[0.0, 0.7, 1.0],
+    ...                               top_p=0.9)
+    >>> meta.all_greedy, meta.any_greedy, meta.greedy.tolist(), meta.top_p.tolist()
+    (False, True, [True, False, False], [1.0, 0.8999999761581421, 0.8999999761581421])
     """
 
-    temperature: list[float]
-    top_k: list[int]
-    top_p: list[float]
-    min_p: list[float]
+    inv_temperature: torch.Tensor
+    greedy: torch.Tensor
+    top_k: torch.Tensor | None
+    top_p: torch.Tensor | None
+    min_p: torch.Tensor | None
+    all_greedy: bool
+    any_greedy: bool
+    max_top_k: int | None
 
     @staticmethod
     def build(
         batch: int,
+        device: torch.device,
         *,
         temperature: Scalars = 1.0,
         top_k: Scalars = None,
         top_p: Scalars = None,
         min_p: Scalars = None,
     ) -> SamplingMetadata:
-        """Validate and expand the parameters (scalars, sequences or CPU tensors)."""
-        temps = _host_list("temperature", temperature, batch, 1.0)
-        ks = _host_list("top_k", top_k, batch, 0.0)
-        ps = _host_list("top_p", top_p, batch, 1.0)
-        mins = _host_list("min_p", min_p, batch, 0.0)
-        for t in temps:
-            if not (t >= 0.0 and math.isfinite(t)):
-                raise ValueError(f"temperature must be finite and >= 0, got {t}")
-        for k in ks:
-            if k < 0 or k != int(k):
-                raise ValueError(f"top_k must be a non-negative integer (0 = off), got {k}")
-        for p in ps:
-            if not 0.0 < p <= 1.0:
-                raise ValueError(f"top_p must lie in (0, 1], got {p}")
-        for m in mins:
-            if not 0.0 <= m <= 1.0:
-                raise ValueError(f"min_p must lie in [0, 1], got {m}")
-        sampled = [t > 0.0 for t in temps]
+        """Validate and expand the parameters: scalars, sequences, or tensors.
+
+        Tensors on the batch's device stay there (no synchronisation); their values are
+        checked only by :meth:`check_values`.
+        """
+        given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p}
+        defaults = {"temperature": 1.0, "top_k": 0.0, "top_p": 1.0, "min_p": 0.0}
+        host = {n: _host_values(n, v, batch, defaults[n]) for n, v in given.items()}
+        for name, values in host.items():
+            if values is not None:
+                _validate(name, values)
+        temps = host["temperature"]
+        t = _device_values(temps, temperature, batch, device, torch.float32)
+        greedy = t < GREEDY_BELOW
+        inv_t = torch.where(greedy, 1.0, 1.0 / t.clamp(min=GREEDY_BELOW))
+        filters: dict[str, torch.Tensor | None] = {}
+        for name, off, dtype in (
+            ("top_k", 0.0, torch.int64),
+            ("top_p", 1.0, torch.float32),
+            ("min_p", 0.0, torch.float32),
+        ):
+            values = host[name]
+            if values is not None and all(v == off for v in values):
+                filters[name] = None
+                continue
+            if values is not None and temps is not None:
+                values = [
+                    off if s < GREEDY_BELOW else v for v, s in zip(values, temps, strict=True)
+                ]
+                if all(v == off for v in values):
+                    filters[name] = None
+                    continue
+            tensor = _device_values(values, given[name], batch, device, dtype)
+            filters[name] = torch.where(
+                greedy, torch.tensor(off, dtype=dtype, device=device), tensor
+            )
+        known_k = host["top_k"]
+        max_top_k = None
+        if filters["top_k"] is None:
+            max_top_k = 0
+        elif known_k is not None and temps is not None:
+            max_top_k = int(
+                max(k for k, s in zip(known_k, temps, strict=True) if s >= GREEDY_BELOW)
+            )
         return SamplingMetadata(
-            temps,
-            [int(k) if on else 0 for k, on in zip(ks, sampled, strict=True)],
-            [p if on else 1.0 for p, on in zip(ps, sampled, strict=True)],
-            [m if on else 0.0 for m, on in zip(mins, sampled, strict=True)],
+            inv_temperature=inv_t,
+            greedy=greedy,
+            top_k=filters["top_k"],
+            top_p=filters["top_p"],
+            min_p=filters["min_p"],
+            all_greedy=temps is not None and all(s < GREEDY_BELOW for s in temps),
+            any_greedy=temps is None or any(s < GREEDY_BELOW for s in temps),
+            max_top_k=max_top_k,
         )
 
     @property
-    def greedy_requests(self) -> list[int]:
-        """Indices of the greedy requests (temperature 0)."""
-        return [i for i, t in enumerate(self.temperature) if t == 0.0]
+    def batch(self) -> int:
+        """Number of requests."""
+        return int(self.greedy.shape[0])
 
-    @property
-    def sampled_requests(self) -> list[int]:
-        """Indices of the sampled requests (temperature > 0)."""
-        return [i for i, t in enumerate(self.temperature) if t > 0.0]
+    def rows(self, index: torch.Tensor) -> SamplingMetadata:
+        """The parameters of the requests at ``index`` (``[n]`` int64, on the device).
 
-    @property
-    def all_greedy(self) -> bool:
-        """Every request is greedy: no softmax and no random numbers are needed."""
-        return all(t == 0.0 for t in self.temperature)
+        Use it to give each flattened row its request's parameters, or to keep a subset of
+        the requests; the host hints carry over.
+        """
+        return replace(
+            self,
+            inv_temperature=self.inv_temperature[index],
+            greedy=self.greedy[index],
+            top_k=None if self.top_k is None else self.top_k[index],
+            top_p=None if self.top_p is None else self.top_p[index],
+            min_p=None if self.min_p is None else self.min_p[index],
+        )
 
-    @property
-    def any_greedy(self) -> bool:
-        """Some request is greedy."""
-        return any(t == 0.0 for t in self.temperature)
+    def check_values(self) -> None:
+        """Check the device values (synchronises): filters in range.
 
-    @property
-    def max_top_k(self) -> int:
-        """Largest top-k of any request (0 when none uses top-k)."""
-        return max(self.top_k, default=0)
-
-    @property
-    def any_top_p(self) -> bool:
-        """Some request uses top-p."""
-        return any(p < 1.0 for p in self.top_p)
-
-    @property
-    def any_min_p(self) -> bool:
-        """Some request uses min-p."""
-        return any(m > 0.0 for m in self.min_p)
+        Raises
+        ------
+        ValueError
+            Naming the parameter whose value is out of range.
+        """
+        if not bool(torch.isfinite(self.inv_temperature).all()):
+            raise ValueError("temperature must be finite and >= 0")
+        if self.top_k is not None and bool((self.top_k < 0).any()):
+            raise ValueError("top_k must be a non-negative integer (0 = off)")
+        if self.top_p is not None and not bool(((self.top_p > 0) & (self.top_p <= 1)).all()):
+            raise ValueError("top_p must lie in (0, 1]")
+        if self.min_p is not None and not bool(((self.min_p >= 0) & (self.min_p <= 1)).all()):
+            raise ValueError("min_p must lie in [0, 1]")

@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["RowStats", "processed_probs", "row_stats"]
+from specsample.metadata import SamplingMetadata
 
 _CPU_CHUNK_ELEMENTS = 1 << 20
 _DEVICE_CHUNK_ELEMENTS = 1 << 27
@@ -81,7 +81,7 @@ def row_stats(
     inv_temperature: torch.Tensor,
     *,
     top_k: torch.Tensor | None = None,
-    max_top_k: int = 0,
+    max_top_k: int | None = 0,
     top_p: torch.Tensor | None = None,
     min_p: torch.Tensor | None = None,
     need_norm: bool = True,
@@ -95,7 +95,10 @@ def row_stats(
     inv_temperature : torch.Tensor
         ``[rows]`` float32 ``1 / T`` (use 1 for greedy rows).
     top_k : torch.Tensor, optional
-        ``[rows]`` int64, 0 = off; used when ``max_top_k > 0`` (the host-side maximum).
+        ``[rows]`` int64, 0 = off.
+    max_top_k : int or None
+        The largest entry of ``top_k`` when known on the host (0: top-k is off); ``None``
+        when it is not known (the k-th largest is then found by sorting whole rows).
     top_p : torch.Tensor, optional
         ``[rows]`` float32 in ``(0, 1]``, 1 = off.
     min_p : torch.Tensor, optional
@@ -134,8 +137,8 @@ def row_stats(
         usable = torch.isfinite(top)
         argmax[start:stop] = torch.where(usable, index, 0)
         cut = cutoff[start:stop]
-        if max_top_k > 0 and top_k is not None:
-            kth = z.topk(min(max_top_k, vocab), dim=-1).values
+        if max_top_k != 0 and top_k is not None:
+            kth = z.topk(vocab if max_top_k is None else min(max_top_k, vocab), dim=-1).values
             k = top_k[start:stop]
             at_k = kth.gather(1, (k - 1).clamp(0, kth.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
             cut = torch.maximum(cut, torch.where(k > 0, at_k, -math.inf))
@@ -154,9 +157,32 @@ def row_stats(
     return RowStats(inv_temperature, cutoff, log_norm, argmax)
 
 
+def sampling_stats(
+    logits: torch.Tensor, sampling: SamplingMetadata, *, need_norm: bool = True
+) -> RowStats:
+    """:func:`row_stats` of each row with the parameters of ``sampling`` (one per row).
+
+    Examples
+    --------
+    >>> import torch
+    >>> meta = SamplingMetadata.build(1, torch.device("cpu"), top_k=2)
+    >>> sampling_stats(torch.tensor([[1.0, 3.0, 2.0, 0.0]]), meta).cutoff.tolist()
+    [2.0]
+    """
+    return row_stats(
+        logits,
+        sampling.inv_temperature,
+        top_k=sampling.top_k,
+        max_top_k=sampling.max_top_k,
+        top_p=sampling.top_p,
+        min_p=sampling.min_p,
+        need_norm=need_norm,
+    )
+
+
 def processed_probs(
     logits: torch.Tensor,
-    temperature: torch.Tensor,
+    sampling: SamplingMetadata | torch.Tensor,
     *,
     top_k: torch.Tensor | None = None,
     top_p: torch.Tensor | None = None,
@@ -168,10 +194,12 @@ def processed_probs(
     ----------
     logits : torch.Tensor
         ``[rows, vocab]``.
-    temperature : torch.Tensor
-        ``[rows]``; 0 gives the one-hot distribution of the argmax (greedy).
+    sampling : SamplingMetadata or torch.Tensor
+        One set of parameters per row, or the ``[rows]`` temperatures (0 gives the one-hot
+        distribution of the argmax: greedy) with the filters below.
     top_k, top_p, min_p : torch.Tensor, optional
-        ``[rows]`` filters as in :func:`row_stats` (0, 1 and 0 switch them off).
+        ``[rows]`` filters as in :func:`row_stats` (0, 1 and 0 switch them off); only with
+        temperatures.
 
     Returns
     -------
@@ -184,19 +212,22 @@ def processed_probs(
     >>> processed_probs(torch.tensor([[0.0, 0.0, 5.0]]), torch.tensor([0.0]))
     tensor([[0., 0., 1.]])
     """
-    greedy = temperature == 0
-    inv = torch.where(greedy, 1.0, 1.0 / temperature.to(torch.float32))
-    k = top_k if top_k is not None else torch.zeros_like(temperature, dtype=torch.int64)
-    stats = row_stats(
-        logits,
-        inv.to(torch.float32),
-        top_k=k,
-        max_top_k=int(k.max()) if k.numel() else 0,
-        top_p=top_p,
-        min_p=min_p,
-    )
+    if isinstance(sampling, torch.Tensor):
+        sampling = SamplingMetadata.build(
+            logits.shape[0],
+            logits.device,
+            temperature=sampling,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+        )
+    elif top_k is not None or top_p is not None or min_p is not None:
+        raise ValueError("pass top_k, top_p and min_p inside sampling, not beside it")
+    stats = sampling_stats(logits, sampling)
     z = logits.to(torch.float32) * stats.inv_temperature.unsqueeze(-1)
     dropped = (z >= stats.cutoff.unsqueeze(-1)).logical_not_()
-    probs = (z - stats.log_norm.unsqueeze(-1)).exp().masked_fill(dropped, 0.0)
+    probs = z.sub_(stats.log_norm.unsqueeze(-1)).exp_().masked_fill_(dropped, 0.0)
+    if not sampling.any_greedy:
+        return probs
     onehot = torch.nn.functional.one_hot(stats.argmax, logits.shape[-1]).to(torch.float32)
-    return torch.where(greedy.unsqueeze(-1), onehot, probs)
+    return torch.where(sampling.greedy.unsqueeze(-1), onehot, probs)

@@ -1,29 +1,78 @@
-"""Random numbers for verification, drawn without any host synchronisation.
+"""Random numbers for verification and drafting, drawn without any host synchronisation.
 
-Two sources are offered:
+Three sources are offered, chosen per row:
 
-* a :class:`torch.Generator` (or torch's default one), through :func:`torch.rand`;
-* a counter-based stream keyed by a per-row seed and a counter, so that a row's
-  numbers depend on nothing but its seed and counter: not on its index in the batch,
-  not on the other rows, not on how many numbers anybody drew before.
+* a counter-based stream keyed by a per-row seed and a counter, so that a row's numbers
+  depend on nothing but its seed and counter: not on its index in the batch, not on the
+  other rows, not on how many numbers anybody drew before;
+* a :class:`torch.Generator` of the row's own (vLLM's ``seeded_seqs`` / ``generators``);
+* the batch's shared generator (``generator=``, or torch's default one), which only the rows
+  that have neither consume, in row order: an unseeded row gets the same numbers alone or
+  beside seeded rows.
 
-The counter-based stream hashes ``(seed, stream, counter)`` with integer tensor
-arithmetic (a chain of 32-bit "lowbias32" mixers, computed in int64 without overflow),
-so it runs on any device, composes with :func:`torch.compile`, and needs no state.
-Its uniforms lie on a grid of step ``2**-32``.
+The counter-based stream hashes ``(seed, stream, counter)`` with integer tensor arithmetic
+(a chain of 32-bit "lowbias32" mixers, computed in int64 without overflow), so it runs on
+any device, composes with :func:`torch.compile`, and needs no state. Its uniforms lie on a
+grid of step ``2**-32``.
+
+Streams and counters. Every consumer of counter-based numbers owns one member of
+:class:`Stream`, and every stream has its own key, so two consumers never share a number.
+Within a stream, a step of a sequence whose first draft sits at absolute position ``pos``
+(the number of tokens before it) reads only the stripe ``[pos * stride, (pos + 1) * stride)``
+of its stream; a sequence's position strictly increases from step to step (every step emits
+at least one token), so no counter is ever read twice, whatever draft count each step uses.
+
+:func:`inverse_cdf` is the one inverse-CDF primitive of the library.
 """
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 import torch
 
-__all__ = ["STEP_STRIDE", "counter_uniform", "row_uniforms", "step_uniforms"]
-
 _MASK32 = 0xFFFFFFFF
-_STREAM_KEYS = (0x68E31DA4, 0xB5297A4D, 0x1B56C4E9, 0x3C6EF372)
+
+
+@enum.unique
+class Stream(enum.IntEnum):
+    """The counter-based streams, one per consumer (a duplicate value is an import error).
+
+    Attributes
+    ----------
+    ACCEPT
+        The accept tests of chain and block verification.
+    FINAL
+        Their final draw (residual or bonus token).
+    TREE_ACCEPT
+        The child tests of tree verification.
+    TREE_FINAL
+        Its final draw.
+    DRAFT
+        The draft model's samples in the generation loop.
+    """
+
+    ACCEPT = 0
+    FINAL = 1
+    TREE_ACCEPT = 2
+    TREE_FINAL = 3
+    DRAFT = 4
+
+
+_STREAM_KEYS = {
+    Stream.ACCEPT: 0x68E31DA4,
+    Stream.FINAL: 0xB5297A4D,
+    Stream.TREE_ACCEPT: 0x1B56C4E9,
+    Stream.TREE_FINAL: 0x3C6EF372,
+    Stream.DRAFT: 0x5851F42D,
+}
+if set(_STREAM_KEYS) != set(Stream) or len(set(_STREAM_KEYS.values())) != len(Stream):
+    raise ImportError("every Stream needs a key of its own")
 
 STEP_STRIDE = 1 << 8
-"""Counters a verification step may use per position (so at most ``STEP_STRIDE - 1`` drafts)."""
+"""Counters a chain step may use per position (so at most ``STEP_STRIDE - 1`` drafts)."""
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -41,7 +90,9 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def counter_uniform(seeds: torch.Tensor, counters: torch.Tensor, stream: int = 0) -> torch.Tensor:
+def counter_uniform(
+    seeds: torch.Tensor, counters: torch.Tensor, stream: Stream | int = Stream.ACCEPT
+) -> torch.Tensor:
     """Uniforms in ``[0, 1)`` that are a pure function of ``(seed, stream, counter)``.
 
     Parameters
@@ -50,8 +101,8 @@ def counter_uniform(seeds: torch.Tensor, counters: torch.Tensor, stream: int = 0
         ``[batch]`` integer tensor; every 64-bit value is a valid seed.
     counters : torch.Tensor
         ``[batch, n]`` non-negative integer tensor, on the device of ``seeds``.
-    stream : int
-        Which of four independent streams to read (``0 <= stream < 4``).
+    stream : Stream
+        Which stream to read (one per consumer, see :class:`Stream`).
 
     Returns
     -------
@@ -66,97 +117,171 @@ def counter_uniform(seeds: torch.Tensor, counters: torch.Tensor, stream: int = 0
     >>> bool((u[0] == u[1]).all()), bool((u[0] == u[2]).any())
     (True, False)
     """
-    if not 0 <= stream < len(_STREAM_KEYS):
-        raise ValueError(f"stream must be in [0, {len(_STREAM_KEYS)}), got {stream}")
+    if isinstance(stream, bool) or stream not in _STREAM_KEYS:
+        raise ValueError(f"stream must be one of {[int(s) for s in Stream]}, got {stream}")
     seeds = seeds.to(torch.int64)
     counters = counters.to(torch.int64)
-    key = _mix32(_mix32((seeds & _MASK32) ^ _STREAM_KEYS[stream]) ^ ((seeds >> 32) & _MASK32))
+    key = _mix32(
+        _mix32((seeds & _MASK32) ^ _STREAM_KEYS[Stream(stream)]) ^ ((seeds >> 32) & _MASK32)
+    )
     inner = _mix32(((counters >> 32) & _MASK32) ^ 0x9E3779B9)
     h = _mix32(key.unsqueeze(-1) ^ _mix32((counters & _MASK32) ^ inner))
     return h.to(torch.float64) * (1.0 / 4294967296.0)
 
 
-def row_uniforms(
-    batch: int,
-    n: int,
-    *,
-    device: torch.device,
-    generator: torch.Generator | None = None,
-    seeds: torch.Tensor | None = None,
-    offsets: torch.Tensor | None = None,
-    stream: int = 0,
-) -> torch.Tensor:
-    """Draw ``n`` uniforms per row, seeded rows from their own counter-based stream.
+@dataclass(frozen=True)
+class Seeding:
+    """Where each row of a batch takes its random numbers from (see the module docstring).
 
-    Parameters
+    Attributes
     ----------
-    batch, n : int
-        Output shape ``[batch, n]``.
-    device : torch.device
-        Where the uniforms live.
-    generator : torch.Generator, optional
-        Used for unseeded rows; torch's default generator when ``None``.
-    seeds : torch.Tensor, optional
-        ``[batch]`` int64. A row with a seed ``>= 0`` reads the counters
-        ``offset .. offset + n - 1`` of its own stream; a negative seed marks a row that
-        uses ``generator``.
-    offsets : torch.Tensor, optional
-        ``[batch]`` int64 counter offsets (for example the sequence position), default 0.
-    stream : int
-        Which independent counter stream seeded rows read (see :func:`counter_uniform`).
-
-    Returns
-    -------
-    torch.Tensor
-        ``[batch, n]`` float64 in ``[0, 1)``.
+    batch : int
+        Rows.
+    seeds : torch.Tensor or None
+        ``[batch]`` int64 on the batch's device; a row with a seed ``>= 0`` reads the
+        counter-based streams; ``None`` when no row does.
+    generators : tuple of (int, torch.Generator)
+        Rows with a generator of their own, in increasing row order.
+    shared_rows : torch.Tensor or None
+        ``[n]`` int64 indices of the rows that read the shared generator, when known on the
+        host; ``None`` when every row may (the seeds are a device tensor, or nothing is
+        seeded), in which case ``batch`` rows are drawn and row ``i`` of them goes to the
+        ``i``-th row that reads the shared generator.
+    generator : torch.Generator or None
+        The shared generator (torch's default one when ``None``).
 
     Examples
     --------
-    >>> import torch
-    >>> a = row_uniforms(2, 3, device=torch.device("cpu"), seeds=torch.tensor([5, -1]))
-    >>> b = row_uniforms(1, 3, device=torch.device("cpu"), seeds=torch.tensor([5]))
-    >>> bool(torch.equal(a[0], b[0]))
-    True
+    >>> s = Seeding.build(3, torch.device("cpu"), seeds=[None, 5, -1])
+    >>> s.seeds.tolist(), s.shared_rows.tolist()
+    ([-1, 5, -1], [0, 2])
     """
-    drawn = torch.rand(batch, n, dtype=torch.float64, device=device, generator=generator)
-    if seeds is None:
-        return drawn
-    counters = torch.arange(n, device=device, dtype=torch.int64).expand(batch, n)
-    if offsets is not None:
-        counters = counters + offsets.to(device=device, dtype=torch.int64).unsqueeze(-1)
-    seeded = counter_uniform(seeds, counters, stream)
-    return torch.where(seeds.unsqueeze(-1) >= 0, seeded, drawn)
+
+    batch: int
+    seeds: torch.Tensor | None
+    generators: tuple[tuple[int, torch.Generator], ...]
+    shared_rows: torch.Tensor | None
+    generator: torch.Generator | None
+
+    @staticmethod
+    def build(
+        batch: int,
+        device: torch.device,
+        *,
+        seeds: list[int | None] | torch.Tensor | None = None,
+        generators: Mapping[int, torch.Generator] | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Seeding:
+        """Combine per-row seeds (host list or device tensor) and per-row generators.
+
+        ``seeds`` entries ``None`` or negative mean "not counter-seeded"; a row listed in
+        ``generators`` must not also have a seed. Values are validated by the caller.
+        """
+        own = tuple(sorted((int(i), g) for i, g in (generators or {}).items()))
+        for i, g in own:
+            if not 0 <= i < batch:
+                raise ValueError(f"seeded_seqs/generators has row {i}, outside [0, {batch})")
+            if not isinstance(g, torch.Generator):
+                raise TypeError(
+                    f"seeded_seqs/generators[{i}] must be a torch.Generator, got {type(g).__name__}"
+                )
+        mine = {i for i, _ in own}
+        if isinstance(seeds, torch.Tensor):
+            tensor = seeds.to(device=device, dtype=torch.int64)
+            return Seeding(batch, tensor, own, None, generator)
+        values = [-1] * batch if seeds is None else [-1 if s is None else int(s) for s in seeds]
+        clash = [i for i in mine if values[i] >= 0]
+        if clash:
+            raise ValueError(f"row {clash[0]} has both a seed and a generator of its own")
+        shared = [i for i, s in enumerate(values) if s < 0 and i not in mine]
+        tensor = None
+        if any(s >= 0 for s in values):
+            tensor = torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
+        rows = None
+        if len(shared) < batch:
+            rows = torch.tensor(shared, dtype=torch.int64).to(device, non_blocking=True)
+        return Seeding(batch, tensor, own, rows, generator)
+
+    def _unseeded(self, n: int, device: torch.device) -> torch.Tensor:
+        """``[batch, n]`` numbers of the rows that are not counter-seeded (others: filler)."""
+        if self.shared_rows is not None:
+            out = torch.zeros(self.batch, n, dtype=torch.float64, device=device)
+            if self.shared_rows.shape[0]:
+                drawn = torch.rand(
+                    self.shared_rows.shape[0],
+                    n,
+                    dtype=torch.float64,
+                    device=device,
+                    generator=self.generator,
+                )
+                out.index_copy_(0, self.shared_rows, drawn)
+        else:
+            out = torch.rand(
+                self.batch, n, dtype=torch.float64, device=device, generator=self.generator
+            )
+            if self.seeds is not None or self.generators:
+                shared = torch.ones(self.batch, dtype=torch.bool, device=device)
+                if self.seeds is not None:
+                    shared = self.seeds < 0
+                for i, _ in self.generators:
+                    shared[i] = False
+                out = out[(shared.to(torch.int64).cumsum(0) - 1).clamp_(min=0)]
+        for i, g in self.generators:
+            out[i] = torch.rand(n, dtype=torch.float64, device=g.device, generator=g).to(device)
+        return out
+
+    def draw(self, device: torch.device, parts: list[tuple[Stream, torch.Tensor]]) -> torch.Tensor:
+        """The uniforms of one step, ``[batch, sum of n_i]`` float64 in ``[0, 1)``.
+
+        ``parts`` lists, column block by column block, the stream and the ``[batch, n_i]``
+        counters that counter-seeded rows read; the other rows read their own generator or
+        the shared one, all columns in one draw.
+        """
+        out = self._unseeded(sum(c.shape[1] for _, c in parts), device)
+        if self.seeds is None:
+            return out
+        seeded = torch.cat([counter_uniform(self.seeds, c, s) for s, c in parts], dim=1)
+        return torch.where(self.seeds.unsqueeze(-1) >= 0, seeded, out)
+
+
+def stripe(
+    positions: torch.Tensor | None, batch: int, n: int, stride: int, device: torch.device
+) -> torch.Tensor:
+    """``[batch, n]`` counters ``position * stride + j``: the stripe of a step at ``position``.
+
+    Examples
+    --------
+    >>> stripe(torch.tensor([0, 2]), 2, 3, 256, torch.device("cpu")).tolist()
+    [[0, 1, 2], [512, 513, 514]]
+    """
+    if n > stride:
+        raise ValueError(f"a step may read at most {stride} counters per stream, got {n}")
+    start = torch.zeros(batch, dtype=torch.int64, device=device)
+    if positions is not None:
+        start = positions.to(device=device, dtype=torch.int64)
+    return start.unsqueeze(-1) * stride + torch.arange(n, device=device)
 
 
 def step_uniforms(
-    batch: int,
-    k: int,
-    device: torch.device,
-    generator: torch.Generator | None = None,
-    seeds: torch.Tensor | None = None,
-    positions: torch.Tensor | None = None,
+    seeding: Seeding, k: int, device: torch.device, positions: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """The uniforms of one verification step: ``k`` accept tests, then the final draw.
+    """The uniforms of one chain or block step: ``k`` accept tests, then the final draw.
 
-    Seeded rows key their accept tests by ``(seed, position * STEP_STRIDE + j)`` on stream 0
-    and the final draw by ``(seed, position)`` on stream 1, where ``position`` is the
-    position of the row's first draft. Each step owns a stripe of counters that no other
-    position touches, so a decoding loop whose positions increase from step to step never
-    reuses a number: not even one that only influenced a decision indirectly, as every
-    ``eta_i`` does in block verification.
+    Counter-seeded rows read the accept tests from :attr:`Stream.ACCEPT` and the final draw
+    from :attr:`Stream.FINAL`, each in the stripe of the row's position (see the module
+    docstring), so a loop never reuses a number: not even one that only influenced a
+    decision indirectly, as every ``eta_i`` does in block verification.
 
     Parameters
     ----------
-    batch, k : int
-        Rows and drafts per row (``k < STEP_STRIDE``).
+    seeding : Seeding
+        Where each row's numbers come from.
+    k : int
+        Drafts per row (``k < STEP_STRIDE``).
     device : torch.device
         Where the uniforms live.
-    generator : torch.Generator, optional
-        For unseeded rows.
-    seeds : torch.Tensor, optional
-        ``[batch]`` int64; negative entries are unseeded.
     positions : torch.Tensor, optional
-        ``[batch]`` int64 position of each row's first draft (default 0).
+        ``[batch]`` int64 absolute position of each row's first draft (default 0).
 
     Returns
     -------
@@ -166,18 +291,55 @@ def step_uniforms(
     Examples
     --------
     >>> import torch
-    >>> u = step_uniforms(2, 3, torch.device("cpu"), seeds=torch.tensor([1, 1]))
+    >>> cpu = torch.device("cpu")
+    >>> u = step_uniforms(Seeding.build(2, cpu, seeds=[1, 1]), 3, cpu)
     >>> u.shape, bool(torch.equal(u[0], u[1]))
     (torch.Size([2, 4]), True)
     """
     if not 0 <= k < STEP_STRIDE:
         raise ValueError(f"k must lie in [0, {STEP_STRIDE}), got {k}")
-    if seeds is None:
-        return torch.rand(batch, k + 1, dtype=torch.float64, device=device, generator=generator)
-    start = torch.zeros(batch, dtype=torch.int64, device=device)
-    if positions is not None:
-        start = positions.to(device=device, dtype=torch.int64)
-    draw = {"device": device, "generator": generator, "seeds": seeds}
-    accept = row_uniforms(batch, k, offsets=start * STEP_STRIDE, stream=0, **draw)  # type: ignore[arg-type]
-    final = row_uniforms(batch, 1, offsets=start, stream=1, **draw)  # type: ignore[arg-type]
-    return torch.cat([accept, final], dim=1)
+    batch = seeding.batch
+    accept = stripe(positions, batch, k, STEP_STRIDE, device)
+    final = stripe(positions, batch, 1, 1, device)
+    return seeding.draw(device, [(Stream.ACCEPT, accept), (Stream.FINAL, final)])
+
+
+def inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse-CDF choice of a cell of non-negative ``weights`` by ``uniform``: the one primitive.
+
+    Parameters
+    ----------
+    weights : torch.Tensor
+        ``[batch, n]`` non-negative weights (need not sum to 1); prefix sums in float64.
+    uniform : torch.Tensor
+        ``[batch]`` float64 in ``[0, 1)``.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``[batch]`` int64 cell: the first ``i`` with ``cumsum(weights)[i] > uniform * total``,
+        never a cell of zero weight when the row has positive mass, and in ``[0, n)``
+        whatever the input (0 for a row without mass); and ``[batch]`` float64, the uniform
+        rescaled to the inside of that cell, so that a hierarchy of cells can be descended
+        with one uniform.
+
+    Examples
+    --------
+    >>> w = torch.tensor([[0.25, 0.0, 0.75], [0.25, 0.0, 0.75]])
+    >>> inverse_cdf(w, torch.tensor([0.1, 0.5], dtype=torch.float64))[0]
+    tensor([0, 2])
+    """
+    n = weights.shape[-1]
+    cum = torch.nn.functional.pad(weights.to(torch.float64).cumsum(dim=-1), (1, 0))
+    total = cum[:, n:].contiguous()
+    x = uniform.to(torch.float64).unsqueeze(-1) * total
+    cell = (
+        torch.minimum(
+            torch.searchsorted(cum, x, right=True), torch.searchsorted(cum, total, right=False)
+        )
+        .sub_(1)
+        .clamp_(0, n - 1)
+    )
+    bounds = cum.gather(1, torch.cat([cell, cell + 1], dim=1))
+    inside = (x.squeeze(-1) - bounds[:, 0]) / (bounds[:, 1] - bounds[:, 0])
+    return cell.squeeze(-1), inside.nan_to_num_(0.0).clamp_(0.0, 1.0)

@@ -16,8 +16,6 @@ import torch
 
 from specsample.checks import check_chain_inputs
 
-__all__ = ["naive_rejection_sample"]
-
 
 def naive_rejection_sample(
     target_probs: torch.Tensor,

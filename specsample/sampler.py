@@ -1,25 +1,42 @@
-"""The :class:`RejectionSampler` module: a drop-in, exact, sync-free chain verifier."""
+"""The ``nn.Module`` facades: drop-ins for serving engines' speculative samplers.
+
+:class:`RejectionSampler` (exact) and :class:`TypicalAcceptanceSampler` (LOSSY) take the
+arguments vLLM passes to its own samplers, in every convention it has used::
+
+    sampler(target_probs [B, k, V] or target_with_bonus_probs [B, k + 1, V],
+            bonus_token_ids [B, 1], draft_probs [B, k, V], draft_token_ids [B, k],
+            seeded_seqs: dict[int, torch.Generator] | None)
+
+and return ``[B, k + 1]`` int64 (accepted drafts, one more token, then ``-1``), keeping the
+same counters (``num_accepted_tokens``, ``num_emitted_tokens``, ``num_draft_tokens``), which
+count only drafts accepted in order.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 
-from specsample import kernels
-from specsample.checks import check_chain_inputs, check_chain_values
-from specsample.random import step_uniforms
-from specsample.rules.block import block_verify
-from specsample.rules.chain import chain_verify
+from specsample import backends, pipeline
+from specsample.checks import check_chain_inputs, check_chain_values, require_tensor
+from specsample.methods import chain_methods, check_method
+from specsample.random import Seeding
+from specsample.rules.typical import (
+    DEFAULT_POSTERIOR_ALPHA,
+    DEFAULT_POSTERIOR_THRESHOLD,
+    check_parameters,
+    typical_acceptance,
+)
 from specsample.stats import VerificationStats
 
-_RULES = {"chain": chain_verify, "block": block_verify}
 
-__all__ = ["RejectionSampler"]
-
-
-def _check_seeds(name: str, value: torch.Tensor | None, batch: int, device: torch.device) -> None:
+def _check_row_tensor(
+    name: str, value: torch.Tensor | None, batch: int, device: torch.device
+) -> torch.Tensor | None:
     if value is None:
-        return
+        return None
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}")
     if value.dtype not in (torch.int64, torch.int32):
@@ -28,54 +45,40 @@ def _check_seeds(name: str, value: torch.Tensor | None, batch: int, device: torc
         raise ValueError(f"{name} must have shape {(batch,)}, got {tuple(value.shape)}")
     if value.device != device:
         raise ValueError(f"{name} is on {value.device} but target_probs is on {device}")
+    return value
 
 
-class RejectionSampler(nn.Module):
-    """Speculative (rejection) sampling of ``k`` drafts per sequence, exact and sync-free.
+def draft_positions(target: object, draft_probs: object) -> torch.Tensor:
+    """The target rows at the draft positions: ``target[:, :k]`` when it has the bonus row.
 
-    A drop-in for the classic ``RejectionSampler`` of serving engines: same ``forward``
-    arguments, same output, same counter names; but counters count only drafts accepted in
-    order, work on any device with no set-up call, the residual is sampled from exactly
-    ``normalize(max(0, q - p))`` (no clamp) at the first rejected position only, and no
-    ``[batch, k, vocab]`` temporary is formed.
-
-    Parameters
-    ----------
-    strict_mode : bool
-        Also run the costly value checks (ids in range, probabilities finite, non-negative,
-        normalised; see :mod:`specsample.checks`), which synchronise with the device. Shape,
-        dtype and device checks always run. Without strict mode, invalid values never crash
-        and never produce an id outside ``[0, vocab)`` from the verifier: drafts outside the
-        vocabulary are rejected, NaN probabilities reject their draft, and a residual with no
-        positive finite mass is replaced by the target row (see
-        :mod:`specsample.rules.residual`); the bonus ids are passed through as given.
-    method : str
-        ``"chain"`` (token by token, reads one row per sequence) or ``"block"`` (block
-        verification, :mod:`specsample.rules.block`: exact too, never fewer accepted tokens in
-        expectation, reads every row).
-
-    Attributes
-    ----------
-    stats : VerificationStats
-        Running counters and metrics (see :mod:`specsample.stats`).
+    ``target`` may be ``[batch, k, vocab]`` or ``[batch, k + 1, vocab]`` (the later vLLM
+    convention, ``target_with_bonus_probs``); the bonus row is never read (the bonus token
+    is given). Returns a view, never a copy.
 
     Examples
     --------
-    >>> import torch
-    >>> sampler = RejectionSampler()
-    >>> q = torch.tensor([[[0.1, 0.9], [0.5, 0.5]]])
-    >>> p = torch.tensor([[[0.1, 0.9], [0.5, 0.5]]])
-    >>> out = sampler(q, torch.tensor([[1]]), p, torch.tensor([[1, 0]]))
-    >>> out.tolist(), int(sampler.num_accepted_tokens), sampler.num_draft_tokens
-    ([[1, 0, 1]], 2, 2)
+    >>> draft_positions(torch.zeros(2, 4, 5), torch.zeros(2, 3, 5)).shape
+    torch.Size([2, 3, 5])
     """
+    target = require_tensor("target_probs", target)
+    if (
+        isinstance(draft_probs, torch.Tensor)
+        and target.dim() == 3
+        and draft_probs.dim() == 3
+        and target.shape[1] == draft_probs.shape[1] + 1
+    ):
+        return target[:, :-1]
+    return target
 
-    def __init__(self, strict_mode: bool = False, method: str = "chain") -> None:
+
+class _SpecSampler(nn.Module):
+    """What both samplers share: strict mode, dtypes and the counters."""
+
+    def __init__(self, strict_mode: bool) -> None:
         super().__init__()
-        if method not in _RULES:
-            raise ValueError(f"method must be one of {tuple(_RULES)}, got {method!r}")
+        if not isinstance(strict_mode, bool):
+            raise TypeError(f"strict_mode must be a bool, got {type(strict_mode).__name__}")
         self.strict_mode = strict_mode
-        self.method = method
         self.probs_dtype = torch.float32
         self.token_id_dtype = torch.int64
         self.stats = VerificationStats()
@@ -102,16 +105,68 @@ class RejectionSampler(nn.Module):
         """Draft tokens offered, over all calls."""
         return self.stats.drafted
 
+
+class RejectionSampler(_SpecSampler):
+    """Speculative (rejection) sampling of ``k`` drafts per sequence, exact and sync-free.
+
+    A drop-in for the ``RejectionSampler`` of serving engines: same ``forward`` arguments
+    (see the module docstring), same output, same counter names; but counters count only
+    drafts accepted in order, work on any device with no set-up call, the residual is
+    sampled from exactly ``normalize(max(0, q - p))`` (no clamp) at the first rejected
+    position only, and no ``[batch, k, vocab]`` temporary is formed.
+
+    Parameters
+    ----------
+    strict_mode : bool
+        Also run the costly value checks (ids in range, probabilities finite, non-negative,
+        normalised; see :mod:`specsample.checks`), which synchronise with the device. Shape,
+        dtype and device checks always run. Without strict mode, invalid values never crash
+        and never produce an id outside ``[0, vocab)`` from the verifier: drafts outside the
+        vocabulary are rejected, NaN probabilities reject their draft, and a residual with no
+        positive finite mass is replaced by the target row (see
+        :mod:`specsample.rules.residual`); the bonus ids are passed through as given.
+    method : str
+        ``"chain"`` (token by token, reads one row per sequence) or ``"block"`` (block
+        verification, :mod:`specsample.rules.block`: exact too, never fewer accepted tokens in
+        expectation, reads every row).
+    backend : str
+        ``"auto"``, ``"torch"`` or ``"triton"`` (see :mod:`specsample.backends`).
+
+    Attributes
+    ----------
+    stats : VerificationStats
+        Running counters and metrics (see :mod:`specsample.stats`).
+
+    Examples
+    --------
+    >>> import torch
+    >>> sampler = RejectionSampler()
+    >>> q = torch.tensor([[[0.1, 0.9], [0.5, 0.5]]])
+    >>> p = torch.tensor([[[0.1, 0.9], [0.5, 0.5]]])
+    >>> out = sampler(q, torch.tensor([[1]]), p, torch.tensor([[1, 0]]))
+    >>> out.tolist(), int(sampler.num_accepted_tokens), sampler.num_draft_tokens
+    ([[1, 0, 1]], 2, 2)
+    """
+
+    def __init__(self, strict_mode: bool = False, method: str = "chain", backend: str = "auto"):
+        super().__init__(strict_mode)
+        self.method = check_method(method, chain_methods())
+        if backend not in backends.BACKENDS:
+            raise ValueError(f"backend must be one of {backends.BACKENDS}, got {backend!r}")
+        self.backend = backend
+
     def forward(
         self,
         target_probs: torch.Tensor,
         bonus_token_ids: torch.Tensor,
         draft_probs: torch.Tensor,
         draft_token_ids: torch.Tensor,
+        seeded_seqs: Mapping[int, torch.Generator] | None = None,
         *,
         generator: torch.Generator | None = None,
         seeds: torch.Tensor | None = None,
-        seed_offsets: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        uniforms: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Accept a prefix of each sequence's drafts and emit one more token.
 
@@ -119,7 +174,8 @@ class RejectionSampler(nn.Module):
         ----------
         target_probs : torch.Tensor
             ``[batch, k, vocab]`` target probabilities ``q`` at each draft position
-            (float32, float16, bfloat16 or float64).
+            (float32, float16, bfloat16 or float64), or ``[batch, k + 1, vocab]`` with the
+            bonus position last (its row is not read).
         bonus_token_ids : torch.Tensor
             ``[batch, 1]`` (or ``[batch]``) int64 token sampled from the target's row after
             the last draft; emitted when every draft is accepted.
@@ -128,17 +184,22 @@ class RejectionSampler(nn.Module):
             from, same dtype as ``target_probs``.
         draft_token_ids : torch.Tensor
             ``[batch, k]`` int64 drafted tokens.
+        seeded_seqs : dict of int to torch.Generator, optional
+            Row ``i`` draws all its random numbers from ``seeded_seqs[i]``; its output does
+            not depend on the other rows.
         generator : torch.Generator, optional
-            Source of randomness for unseeded rows (torch's default generator otherwise).
+            Source of randomness for the other unseeded rows (torch's default generator
+            otherwise); only those rows consume it.
         seeds : torch.Tensor, optional
             ``[batch]`` int64 per-row seeds; a row with seed ``>= 0`` draws from a
             counter-based stream of its own, so its output depends only on its seed, its
-            offset and its inputs (not on its index or the other rows). Negative: unseeded.
-        seed_offsets : torch.Tensor, optional
-            ``[batch]`` int64 position of each row's first draft in its sequence (default 0).
-            A seeded step draws from its own stripe of counters, keyed by
-            ``(seed, seed_offset)`` (see :func:`specsample.random.step_uniforms`); a loop
-            whose offsets increase from step to step never reuses a number.
+            position and its inputs (not on its index or the other rows). Negative: unseeded.
+        positions : torch.Tensor, optional
+            ``[batch]`` int64 absolute position of each row's first draft in its sequence
+            (default 0). A seeded step reads the stripe of counters of its position (see
+            :mod:`specsample.random`), so a loop never reuses a number.
+        uniforms : torch.Tensor, optional
+            ``[batch, k + 1]`` float64 uniforms to use instead of drawing them.
 
         Returns
         -------
@@ -146,16 +207,108 @@ class RejectionSampler(nn.Module):
             ``[batch, k + 1]`` int64: accepted drafts, then the residual token at the first
             rejection (or the bonus token if all ``k`` were accepted), then ``-1``.
         """
+        target_probs = draft_positions(target_probs, draft_probs)
         check_chain_inputs(target_probs, bonus_token_ids, draft_probs, draft_token_ids)
         batch, k, _ = target_probs.shape
-        _check_seeds("seeds", seeds, batch, target_probs.device)
-        _check_seeds("seed_offsets", seed_offsets, batch, target_probs.device)
+        device = target_probs.device
+        seeds = _check_row_tensor("seeds", seeds, batch, device)
+        positions = _check_row_tensor("positions", positions, batch, device)
         if self.strict_mode:
             check_chain_values(target_probs, bonus_token_ids, draft_probs, draft_token_ids)
-        uniforms = step_uniforms(batch, k, target_probs.device, generator, seeds, seed_offsets)
-        rule = _RULES[self.method]
-        if target_probs.is_cuda and kernels.available():
-            rule = kernels.RULES[self.method]
-        result = rule(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms)
+        result = pipeline.run_probs(
+            target_probs,
+            draft_probs,
+            draft_token_ids,
+            bonus_token_ids,
+            Seeding.build(batch, device, seeds=seeds, generators=seeded_seqs, generator=generator),
+            backend=backends.resolve(self.backend, target_probs),
+            method=self.method,
+            positions=positions,
+            uniforms=uniforms,
+        )
         self.stats.update(result.num_accepted, k)
+        return result.token_ids
+
+
+class TypicalAcceptanceSampler(_SpecSampler):
+    """Typical acceptance (Medusa) with vLLM's interface. LOSSY: NOT a sample of the target.
+
+    A draft ``x`` at a position with target row ``q`` is accepted iff
+    ``q(x) > min(posterior_threshold, posterior_alpha * exp(-H(q)))``; drafts are kept up to
+    the first rejection, then the argmax of ``q`` at that position is emitted, or the given
+    bonus token when every draft passed. See :mod:`specsample.rules.typical` for why the
+    output does not follow the target and how far it strays.
+
+    Parameters
+    ----------
+    posterior_threshold : float
+        Upper bound of the acceptance threshold (default 0.09).
+    posterior_alpha : float
+        Scale of the entropy-dependent threshold (default 0.3).
+    strict_mode : bool
+        Also check values (ids in range, target probabilities normalised); synchronises.
+
+    Examples
+    --------
+    >>> import torch
+    >>> q = torch.tensor([[[0.05, 0.15, 0.8], [0.02, 0.9, 0.08], [0.1, 0.2, 0.7]]])
+    >>> TypicalAcceptanceSampler()(q, torch.tensor([[0]]), None, torch.tensor([[1, 2]])).tolist()
+    [[1, 1, -1]]
+    """
+
+    def __init__(
+        self,
+        posterior_threshold: float = DEFAULT_POSTERIOR_THRESHOLD,
+        posterior_alpha: float = DEFAULT_POSTERIOR_ALPHA,
+        strict_mode: bool = False,
+    ) -> None:
+        super().__init__(strict_mode)
+        check_parameters(posterior_threshold, posterior_alpha)
+        self.posterior_threshold = float(posterior_threshold)
+        self.posterior_alpha = float(posterior_alpha)
+
+    def forward(
+        self,
+        target_with_bonus_probs: torch.Tensor,
+        bonus_token_ids: torch.Tensor,
+        draft_probs: torch.Tensor | None = None,
+        draft_token_ids: torch.Tensor | None = None,
+        seeded_seqs: Mapping[int, torch.Generator] | None = None,
+    ) -> torch.Tensor:
+        """Accept drafts by the typical rule; deterministic (``seeded_seqs`` is not used).
+
+        Parameters
+        ----------
+        target_with_bonus_probs : torch.Tensor
+            ``[batch, k + 1, vocab]`` (or ``[batch, k, vocab]``) target probabilities.
+        bonus_token_ids : torch.Tensor
+            ``[batch, 1]`` int64, emitted when every draft passes.
+        draft_probs : torch.Tensor, optional
+            ``[batch, k, vocab]``; not read by this rule (checked when given).
+        draft_token_ids : torch.Tensor
+            ``[batch, k]`` int64 drafts.
+        seeded_seqs : dict, optional
+            Accepted for interface compatibility; the rule uses no randomness.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[batch, k + 1]`` int64: accepted drafts, one more token, then ``-1``.
+        """
+        ids = require_tensor("draft_token_ids", draft_token_ids)
+        target = require_tensor("target_with_bonus_probs", target_with_bonus_probs)
+        rows = (
+            target[:, :-1] if target.dim() == 3 and target.shape[1] == ids.shape[-1] + 1 else target
+        )
+        check_chain_inputs(rows, bonus_token_ids, rows if draft_probs is None else draft_probs, ids)
+        if self.strict_mode:
+            check_chain_values(rows, bonus_token_ids, draft_probs, ids)
+        result = typical_acceptance(
+            rows,
+            ids,
+            bonus_token_ids=bonus_token_ids,
+            posterior_threshold=self.posterior_threshold,
+            posterior_alpha=self.posterior_alpha,
+        )
+        self.stats.update(result.num_accepted, rows.shape[1])
         return result.token_ids

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["VerificationStats", "expected_acceptance"]
-
 
 def expected_acceptance(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
     """Acceptance probability of each draft position, ``sum_x min(q(x), p(x))``.

@@ -123,8 +123,8 @@ def test_target_on_another_device_names_the_others() -> None:
         ("seeds", TypeError, torch.zeros(BATCH)),
         ("seeds", ValueError, torch.zeros(BATCH + 1, dtype=torch.int64)),
         ("seeds", ValueError, torch.zeros(BATCH, dtype=torch.int64, device=META)),
-        ("seed_offsets", TypeError, torch.zeros(BATCH, dtype=torch.int16)),
-        ("seed_offsets", ValueError, torch.zeros(BATCH, 1, dtype=torch.int64)),
+        ("positions", TypeError, torch.zeros(BATCH, dtype=torch.int16)),
+        ("positions", ValueError, torch.zeros(BATCH, 1, dtype=torch.int64)),
     ],
 )
 def test_seed_errors_name_the_argument(

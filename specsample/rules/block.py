@@ -29,8 +29,6 @@ from specsample.rules.chain import VerifyResult, emit, gather_drafts
 from specsample.rules.residual import block_masses, sample_residual
 from specsample.rules.rows import ProbRows, Selection, flat_rows
 
-__all__ = ["block_length", "block_verify", "block_weights", "residual_mass_per_position"]
-
 
 def block_weights(q_at: torch.Tensor, p_at: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """The weights ``w_0 .. w_k`` of block verification.

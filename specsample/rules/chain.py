@@ -17,8 +17,6 @@ import torch
 from specsample.rules.residual import sample_residual
 from specsample.rules.rows import ProbRows, flat_rows
 
-__all__ = ["Drafts", "VerifyResult", "chain_verify", "count_accepted", "emit", "gather_drafts"]
-
 
 class VerifyResult(NamedTuple):
     """What a verification step produced.

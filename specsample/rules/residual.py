@@ -27,9 +27,8 @@ from __future__ import annotations
 
 import torch
 
+from specsample.random import inverse_cdf
 from specsample.rules.rows import Selection
-
-__all__ = ["BLOCK", "block_masses", "sample_residual"]
 
 BLOCK = 1024
 """Tokens per vocabulary block of the two-level inverse CDF."""
@@ -127,29 +126,6 @@ def _block_segment(target: Selection, block: torch.Tensor, vocab: int) -> tuple[
     return q, start, token_ids
 
 
-def _pick(weights: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse-CDF choice of a cell of non-negative ``weights [batch, n]`` by ``uniform [batch]``.
-
-    Returns the cell (one with positive weight whenever the row has any, and in ``[0, n)``
-    whatever the input) and the uniform rescaled to the inside of that cell, so that a
-    hierarchy of cells can be descended with a single uniform.
-    """
-    n = weights.shape[-1]
-    cum = torch.nn.functional.pad(weights.to(torch.float64).cumsum(dim=-1), (1, 0))
-    total = cum[:, n:].contiguous()
-    x = uniform.unsqueeze(-1) * total
-    cell = (
-        torch.minimum(
-            torch.searchsorted(cum, x, right=True), torch.searchsorted(cum, total, right=False)
-        )
-        .sub_(1)
-        .clamp_(0, n - 1)
-    )
-    bounds = cum.gather(1, torch.cat([cell, cell + 1], dim=1))
-    inside = (x.squeeze(-1) - bounds[:, 0]) / (bounds[:, 1] - bounds[:, 0])
-    return cell.squeeze(-1), inside.nan_to_num_(0.0).clamp_(0.0, 1.0)
-
-
 def sample_residual(
     target: Selection,
     uniform: torch.Tensor,
@@ -224,7 +200,9 @@ def sample_residual(
             excluded >= 0, residual_mass.scatter(1, own_block, without), residual_mass
         )
     use_target = ~(residual_mass.sum(dim=-1, dtype=torch.float64) > 0)
-    block, u = _pick(torch.where(use_target.unsqueeze(-1), target_mass, residual_mass), uniform)
+    block, u = inverse_cdf(
+        torch.where(use_target.unsqueeze(-1), target_mass, residual_mass), uniform
+    )
 
     q, start, token_ids = _block_segment(target, block, vocab)
     residual = q
@@ -240,8 +218,8 @@ def sample_residual(
     offset = torch.zeros_like(start)
     if residual.shape[-1] == BLOCK:
         parts = residual.view(-1, _SUB, BLOCK // _SUB)
-        sub, u = _pick(parts.sum(dim=-1), u)
+        sub, u = inverse_cdf(parts.sum(dim=-1), u)
         residual = parts.gather(1, sub.view(-1, 1, 1).expand(-1, 1, BLOCK // _SUB)).squeeze(1)
         offset = sub * (BLOCK // _SUB)
-    token_in, _ = _pick(residual, u)
+    token_in, _ = inverse_cdf(residual, u)
     return (start + offset + token_in).clamp_(min=0, max=vocab - 1)

@@ -14,8 +14,6 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["LogitRows", "ProbRows", "Selection", "flat_rows"]
-
 
 def flat_rows(probs: torch.Tensor) -> tuple[torch.Tensor, int]:
     """View ``[batch, k, vocab]`` as ``[rows, vocab]`` without copying where strides allow.

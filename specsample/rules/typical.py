@@ -34,17 +34,6 @@ import torch
 
 from specsample.rules.chain import count_accepted, emit
 
-__all__ = [
-    "DEFAULT_POSTERIOR_ALPHA",
-    "DEFAULT_POSTERIOR_THRESHOLD",
-    "TypicalResult",
-    "entropy",
-    "typical_acceptance",
-    "typical_first_token_distribution",
-    "typical_first_token_tv",
-    "typical_threshold",
-]
-
 DEFAULT_POSTERIOR_THRESHOLD = 0.09
 """Medusa's default ``posterior_threshold`` (``epsilon``)."""
 
@@ -68,7 +57,8 @@ class TypicalResult(NamedTuple):
     num_accepted: torch.Tensor
 
 
-def _check_parameters(posterior_threshold: float, posterior_alpha: float) -> None:
+def check_parameters(posterior_threshold: float, posterior_alpha: float) -> None:
+    """Raise ``TypeError``/``ValueError`` naming a parameter that is not a finite float >= 0."""
     for name, value in (
         ("posterior_threshold", posterior_threshold),
         ("posterior_alpha", posterior_alpha),
@@ -135,7 +125,7 @@ def typical_threshold(
     >>> typical_threshold(torch.full((1, 4), 0.25))
     tensor([0.0750])
     """
-    _check_parameters(posterior_threshold, posterior_alpha)
+    check_parameters(posterior_threshold, posterior_alpha)
     h = entropy(target_probs)
     return torch.clamp(posterior_alpha * torch.exp(-h), max=posterior_threshold)
 
@@ -144,6 +134,7 @@ def typical_acceptance(
     target_probs: torch.Tensor,
     draft_token_ids: torch.Tensor,
     *,
+    bonus_token_ids: torch.Tensor | None = None,
     posterior_threshold: float = DEFAULT_POSTERIOR_THRESHOLD,
     posterior_alpha: float = DEFAULT_POSTERIOR_ALPHA,
 ) -> TypicalResult:
@@ -155,9 +146,13 @@ def typical_acceptance(
     ----------
     target_probs : torch.Tensor
         ``[batch, k + 1, vocab]`` target probabilities: the ``k`` draft positions, then the
-        bonus position.
+        bonus position. With ``bonus_token_ids``: ``[batch, k, vocab]``, the draft
+        positions only.
     draft_token_ids : torch.Tensor
         ``[batch, k]`` integer drafts; ids outside ``[0, vocab)`` are rejected.
+    bonus_token_ids : torch.Tensor, optional
+        ``[batch, 1]`` or ``[batch]`` int64 tokens emitted when every draft passes (instead
+        of the argmax of the bonus row).
     posterior_threshold, posterior_alpha : float
         The rule's parameters (Medusa's defaults 0.09 and 0.3).
 
@@ -183,18 +178,20 @@ def typical_acceptance(
         raise ValueError(
             f"target_probs must have shape [batch, k + 1, vocab], got {tuple(target_probs.shape)}"
         )
-    batch, k_plus_one, vocab = target_probs.shape
+    batch, width, vocab = target_probs.shape
+    k = width if bonus_token_ids is not None else width - 1
     if draft_token_ids.dtype.is_floating_point or draft_token_ids.dtype == torch.bool:
         raise TypeError(f"draft_token_ids must be an integer tensor, got {draft_token_ids.dtype}")
-    if draft_token_ids.shape != (batch, k_plus_one - 1):
+    if draft_token_ids.shape != (batch, k):
         raise ValueError(
-            f"draft_token_ids must have shape {(batch, k_plus_one - 1)}, "
-            f"got {tuple(draft_token_ids.shape)}"
+            f"draft_token_ids must have shape {(batch, k)}, got {tuple(draft_token_ids.shape)}"
         )
-    _check_parameters(posterior_threshold, posterior_alpha)
-    k = k_plus_one - 1
+    check_parameters(posterior_threshold, posterior_alpha)
     ids = draft_token_ids.to(device=target_probs.device, dtype=torch.int64)
     best = target_probs.argmax(dim=-1)
+    if bonus_token_ids is not None:
+        bonus = bonus_token_ids.reshape(batch, 1).to(device=ids.device, dtype=torch.int64)
+        best = torch.cat([best, bonus], dim=1)
     if k == 0:
         return TypicalResult(best, torch.zeros(batch, dtype=torch.int64, device=ids.device))
     rows = _work(target_probs[:, :k])

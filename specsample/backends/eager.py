@@ -1,0 +1,250 @@
+"""The PyTorch backend: the reference execution of a verification step, on any device.
+
+:func:`verify_logits` runs the step of :func:`specsample.verify` after its plan (row
+statistics and uniforms) with plain tensor operations; :data:`PROB_RULES` are the rules on
+``[batch, k, vocab]`` probabilities. The Triton backend (:mod:`specsample.backends.triton`)
+computes the same thing with fused kernels, on the same uniforms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from specsample.metadata import BatchLayout
+from specsample.probs import RowStats, row_stats
+from specsample.rules.block import (
+    block_length,
+    block_verify,
+    block_weights,
+    residual_mass_per_position,
+)
+from specsample.rules.chain import VerifyResult, chain_verify, count_accepted, emit
+from specsample.rules.residual import sample_residual
+from specsample.rules.rows import LogitRows, ProbRows
+
+PROB_RULES: dict[str, Callable[..., VerifyResult]] = {"chain": chain_verify, "block": block_verify}
+"""The rules on probabilities, by method: ``rule(target, draft, ids, bonus, uniforms)``."""
+
+
+class Drafts(NamedTuple):
+    """The drafts of a step, padded to ``[batch, max_drafts]``.
+
+    Attributes
+    ----------
+    ids : torch.Tensor
+        int64 drafts, ``-1`` past each request's count.
+    safe_ids : torch.Tensor
+        ``ids`` clamped into ``[0, vocab)`` (for gathers).
+    valid : torch.Tensor
+        bool: a real draft whose id lies in the vocabulary.
+    draft_rows, target_rows : torch.Tensor
+        int64 flattened row of each draft position, clamped to the last row.
+    """
+
+    ids: torch.Tensor
+    safe_ids: torch.Tensor
+    valid: torch.Tensor
+    draft_rows: torch.Tensor
+    target_rows: torch.Tensor
+
+
+def log_q(
+    logits: torch.Tensor, stats: RowStats, rows: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """``log q(ids)`` at target ``rows`` (same shape), ``-inf`` where the token is filtered.
+
+    Examples
+    --------
+    >>> import torch
+    >>> logits = torch.tensor([[0.0, 0.0]])
+    >>> s = row_stats(logits, torch.ones(1))
+    >>> log_q(logits, s, torch.tensor([0]), torch.tensor([1])).exp().tolist()
+    [0.5]
+    """
+    z = logits[rows, ids].to(torch.float32) * stats.inv_temperature[rows]
+    return torch.where(z >= stats.cutoff[rows], z - stats.log_norm[rows], -torch.inf)
+
+
+def pad_drafts(
+    draft_token_ids: torch.Tensor, layout: BatchLayout, vocab: int, target_rows: int
+) -> Drafts:
+    """Pad the flat ``[total_drafts]`` drafts to ``[batch, max_drafts]`` (see :class:`Drafts`).
+
+    Examples
+    --------
+    >>> layout = BatchLayout.build([2, 0], torch.device("cpu"))
+    >>> pad_drafts(torch.tensor([3, 1]), layout, 4, 4).ids.tolist()
+    [[3, 1], [-1, -1]]
+    """
+    device = draft_token_ids.device
+    cols = torch.arange(layout.max_drafts, device=device)
+    in_request = cols < layout.num_drafts.unsqueeze(-1)
+    draft_rows = (layout.draft_start.unsqueeze(-1) + cols).clamp_(
+        max=max(layout.total_drafts - 1, 0)
+    )
+    rows = (layout.target_start.unsqueeze(-1) + cols).clamp_(max=max(target_rows - 1, 0))
+    if layout.total_drafts:
+        ids = torch.where(in_request, draft_token_ids.to(torch.int64)[draft_rows], -1)
+    else:
+        ids = torch.full((layout.batch, layout.max_drafts), -1, dtype=torch.int64, device=device)
+    valid = in_request & (ids >= 0) & (ids < vocab)
+    return Drafts(ids, ids.clamp(0, vocab - 1), valid, draft_rows, rows)
+
+
+def _draft_side(
+    draft_probs: torch.Tensor | None,
+    draft_logits: torch.Tensor | None,
+    drafts: Drafts,
+) -> tuple[ProbRows | LogitRows | None, torch.Tensor]:
+    """The draft rows as a source for the residual, and ``p(ids)`` (float64) at the drafts.
+
+    Without draft rows (or without any draft in the batch) the drafts are one-hot: no
+    source, and ``p = 1`` at every draft.
+    """
+    index, ids = drafts.draft_rows, drafts.safe_ids
+    if draft_probs is not None and draft_probs.shape[0]:
+        return ProbRows(draft_probs), draft_probs[index, ids].to(torch.float64)
+    if draft_logits is not None and draft_logits.shape[0]:
+        ones = torch.ones(draft_logits.shape[0], device=draft_logits.device)
+        stats = row_stats(draft_logits, ones)
+        log_p = draft_logits[index, ids].to(torch.float32) - stats.log_norm[index]
+        return LogitRows(draft_logits, ones, stats.cutoff, stats.log_norm), log_p.exp().double()
+    return None, torch.ones(ids.shape, dtype=torch.float64, device=ids.device)
+
+
+def verify_logits(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    layout: BatchLayout,
+    stats: RowStats,
+    greedy: torch.Tensor,
+    uniforms: torch.Tensor | None,
+    *,
+    draft_probs: torch.Tensor | None = None,
+    draft_logits: torch.Tensor | None = None,
+    method: str = "chain",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step after the plan, in PyTorch: ``(token_ids, num_accepted)``.
+
+    Parameters
+    ----------
+    target_logits : torch.Tensor
+        ``[rows, vocab]`` flattened target logits (see :class:`BatchLayout`).
+    draft_token_ids : torch.Tensor
+        ``[total_drafts]`` int64.
+    layout : BatchLayout
+        The ragged layout.
+    stats : RowStats
+        ``[rows]`` statistics of the processed target rows.
+    greedy : torch.Tensor
+        ``[batch]`` bool greedy requests.
+    uniforms : torch.Tensor or None
+        ``[batch, max_drafts + 1]`` float64; ``None`` when every request is greedy.
+    draft_probs, draft_logits : torch.Tensor, optional
+        ``[total_drafts, vocab]``; neither: one-hot drafts.
+    method : str
+        ``"chain"`` or ``"block"``.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``[batch, max_drafts + 1]`` int64 tokens and ``[batch]`` int64 accepted counts.
+    """
+    rows = target_logits.shape[0]
+    drafts = pad_drafts(draft_token_ids, layout, target_logits.shape[-1], rows)
+    usable = ~torch.isnan(stats.cutoff[drafts.target_rows])
+    greedy_ok = (drafts.ids == stats.argmax[drafts.target_rows]) & usable
+    num_accepted = count_accepted(greedy_ok & drafts.valid)
+    final = stats.argmax[(layout.target_start + num_accepted).clamp_(max=max(rows - 1, 0))]
+    if uniforms is not None:
+        source, p_at = _draft_side(draft_probs, draft_logits, drafts)
+        q_at = log_q(target_logits, stats, drafts.target_rows, drafts.safe_ids).exp().double()
+        target = LogitRows(target_logits, *stats[:3])
+        step = _block_step if method == "block" and layout.total_drafts else _chain_step
+        sampled, drawn = step(target, source, q_at, p_at, uniforms, layout, drafts)
+        num_accepted = torch.where(greedy, num_accepted, sampled)
+        final = torch.where(greedy, final, drawn)
+    return emit(drafts.ids, num_accepted, final), num_accepted
+
+
+def _chain_step(
+    target: LogitRows,
+    source: ProbRows | LogitRows | None,
+    q_at: torch.Tensor,
+    p_at: torch.Tensor,
+    uniforms: torch.Tensor,
+    layout: BatchLayout,
+    drafts: Drafts,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-by-token rule: accepted counts, and the residual or bonus draw after them."""
+    num_accepted = count_accepted((uniforms[:, :-1] * p_at < q_at) & drafts.valid)
+    last_row = max(target.logits.shape[0] - 1, 0)
+    selected = target.select((layout.target_start + num_accepted).clamp_(max=last_row))
+    vocab = target.logits.shape[-1]
+    rejected = num_accepted < layout.num_drafts
+    if source is None:
+        if not layout.max_drafts:
+            return num_accepted, sample_residual(selected, uniforms[:, -1], vocab)
+        at = num_accepted.clamp(max=layout.max_drafts - 1).unsqueeze(-1)
+        token = torch.where(rejected, drafts.ids.gather(1, at).squeeze(-1), -1)
+        return num_accepted, sample_residual(selected, uniforms[:, -1], vocab, draft_token=token)
+    row = (layout.draft_start + num_accepted).clamp_(max=max(layout.total_drafts - 1, 0))
+    drawn = sample_residual(
+        selected,
+        uniforms[:, -1],
+        vocab,
+        draft=source.select(row),
+        draft_weight=rejected.to(torch.float32),
+    )
+    return num_accepted, drawn
+
+
+def _block_step(
+    target: LogitRows,
+    source: ProbRows | LogitRows | None,
+    q_at: torch.Tensor,
+    p_at: torch.Tensor,
+    uniforms: torch.Tensor,
+    layout: BatchLayout,
+    drafts: Drafts,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block rule: accepted lengths, and the draw at row ``tau`` (the bonus row if all pass).
+
+    The block masses of every target row of the batch, bonus rows included, are computed
+    once: the ``Z_i`` read the draft rows, and the final draw reuses the masses of row ``tau``.
+    """
+    if source is None:
+        raise ValueError(
+            "method='block' needs draft_probs or draft_logits: with one-hot drafts it accepts "
+            "exactly as many tokens in expectation as method='chain'"
+        )
+    vocab = target.logits.shape[-1]
+    width = layout.max_drafts
+    weights = block_weights(q_at, p_at, drafts.valid)
+    cols = torch.arange(width + 1, device=q_at.device)
+    last_target = max(target.logits.shape[0] - 1, 0)
+    target_rows = (layout.target_start.unsqueeze(-1) + cols).clamp_(max=last_target)
+    draft_rows = (layout.draft_start.unsqueeze(-1) + cols).clamp_(
+        max=max(layout.total_drafts - 1, 0)
+    )
+    masses, residual = residual_mass_per_position(
+        target.select(target_rows.view(-1)),
+        source.select(draft_rows.view(-1)),
+        torch.cat([weights, weights[:, -1:]], dim=1),
+        vocab,
+    )
+    tau = block_length(weights, residual[:, :width], layout.num_drafts, uniforms[:, :-1])
+    index = tau.view(1, -1, 1, 1).expand(2, -1, 1, masses.shape[-1])
+    drawn = sample_residual(
+        target.select(target_rows.gather(1, tau.unsqueeze(-1)).squeeze(-1)),
+        uniforms[:, -1],
+        vocab,
+        draft=source.select(draft_rows.gather(1, tau.unsqueeze(-1)).squeeze(-1)),
+        draft_weight=(tau < layout.num_drafts).to(torch.float32),
+        target_scale=weights.gather(1, tau.unsqueeze(-1)).squeeze(-1).to(torch.float32),
+        masses=masses.gather(2, index).squeeze(2),
+    )
+    return tau, drawn

@@ -1,0 +1,149 @@
+"""The benchmark's shapes and its realistic verifier inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+Shape = tuple[int, int, int]
+"""``(batch, k, vocab)``."""
+
+DEFAULT_SHAPES: tuple[Shape, ...] = (
+    (1, 4, 32000),
+    (8, 4, 32000),
+    (64, 4, 128256),
+    (16, 5, 151936),
+    (128, 8, 32000),
+)
+"""``(batch, k, vocab)`` shapes of the full benchmark (Llama-2, Llama-3 and Qwen2 vocabularies)."""
+
+QUICK_SHAPES: tuple[Shape, ...] = ((8, 4, 32000), (64, 4, 128256))
+"""A small subset for a quick look."""
+
+TARGET_SCALE = 4.0
+"""Target logits are ``TARGET_SCALE * z`` with ``z`` standard normal."""
+
+DRAFT_MIX = 0.2
+"""Weight of the draft's own noise in its logits (see :func:`correlated_logits`)."""
+
+
+class BenchInputs(NamedTuple):
+    """Inputs of one benchmark shape.
+
+    Attributes
+    ----------
+    target_probs : torch.Tensor
+        ``[batch, k, vocab]`` target rows ``q``.
+    bonus_token_ids : torch.Tensor
+        ``[batch, 1]`` int64, sampled from ``bonus_probs``.
+    draft_probs : torch.Tensor
+        ``[batch, k, vocab]`` draft rows ``p``.
+    draft_token_ids : torch.Tensor
+        ``[batch, k]`` int64, sampled from ``draft_probs``.
+    bonus_probs : torch.Tensor
+        ``[batch, vocab]`` the target row after the last draft.
+    """
+
+    target_probs: torch.Tensor
+    bonus_token_ids: torch.Tensor
+    draft_probs: torch.Tensor
+    draft_token_ids: torch.Tensor
+    bonus_probs: torch.Tensor
+
+
+def _check_shape(shape: Sequence[int]) -> Shape:
+    """``shape`` as a :data:`Shape`, or a ``TypeError``/``ValueError`` naming it."""
+    if len(shape) != 3 or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
+        raise TypeError(f"a shape must be three integers (batch, k, vocab), got {shape!r}")
+    batch, k, vocab = shape
+    if batch < 1 or k < 1 or vocab < 2:
+        raise ValueError(f"a shape needs batch >= 1, k >= 1 and vocab >= 2, got {tuple(shape)}")
+    return batch, k, vocab
+
+
+def correlated_logits(z: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """Draft logits that see the target's ``z`` through noise, ``4 (0.98 z + 0.2 z')``.
+
+    Parameters
+    ----------
+    z, noise : torch.Tensor
+        Standard normal tensors of one shape (``[..., vocab]``): the target's logits divided
+        by :data:`TARGET_SCALE`, and the draft's own noise ``z'``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[..., vocab]`` draft logits; their softmax accepts about 0.7 of the target's mass
+        (``sum_x min(q, p)``) per position.
+
+    Examples
+    --------
+    >>> z = torch.zeros(2, 5)
+    >>> torch.equal(correlated_logits(z, torch.zeros(2, 5)), z)
+    True
+    """
+    mix = (1.0 - DRAFT_MIX**2) ** 0.5
+    return TARGET_SCALE * (mix * z + DRAFT_MIX * noise)
+
+
+def make_inputs(
+    batch: int,
+    k: int,
+    vocab: int,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> BenchInputs:
+    """Realistic verifier inputs: softmax rows, drafts sampled from the draft rows.
+
+    Target logits are ``4 z`` and draft logits ``4 (0.98 z + 0.2 z')`` with independent
+    standard normal ``z, z'`` (see :func:`correlated_logits`), which gives an acceptance
+    ``sum_x min(q, p)`` of about 0.7 per position.
+
+    Parameters
+    ----------
+    batch, k, vocab : int
+        Sequences, drafts per sequence, vocabulary size.
+    device : str or torch.device
+        Where the tensors live.
+    dtype : torch.dtype
+        Dtype of the probability tensors.
+    seed : int
+        Seed of the generator that draws everything.
+
+    Returns
+    -------
+    BenchInputs
+        ``target_probs`` and ``draft_probs`` ``[batch, k, vocab]``, ``bonus_token_ids``
+        ``[batch, 1]``, ``draft_token_ids`` ``[batch, k]``, ``bonus_probs`` ``[batch, vocab]``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        The shape is not three integers, or is out of range.
+
+    Examples
+    --------
+    >>> inputs = make_inputs(2, 3, 50)
+    >>> tuple(inputs.target_probs.shape), tuple(inputs.draft_token_ids.shape)
+    ((2, 3, 50), (2, 3))
+    """
+    batch, k, vocab = _check_shape((batch, k, vocab))
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    z = torch.randn(batch, k + 1, vocab, generator=gen, device=device)
+    noise = torch.randn(batch, k, vocab, generator=gen, device=device)
+    target = torch.softmax(TARGET_SCALE * z, dim=-1)
+    draft = torch.softmax(correlated_logits(z[:, :k], noise), dim=-1)
+    draft_ids = torch.multinomial(draft.view(-1, vocab), 1, generator=gen).view(batch, k)
+    bonus_ids = torch.multinomial(target[:, k], 1, generator=gen)
+    return BenchInputs(
+        target[:, :k].to(dtype).contiguous(),
+        bonus_ids,
+        draft.to(dtype),
+        draft_ids,
+        target[:, k].to(dtype).contiguous(),
+    )

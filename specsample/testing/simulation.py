@@ -1,0 +1,194 @@
+"""Draft from a toy pair, hand the drafts to a verifier and collect what it emits."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from specsample.testing.families import Family
+
+Verifier = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""``verifier(target_probs, bonus_token_ids, draft_probs, draft_token_ids) -> token_ids``."""
+
+
+class VerifierInputs(NamedTuple):
+    """Inputs of one verification call, in the verifier's argument order.
+
+    Attributes
+    ----------
+    target_probs : torch.Tensor
+        ``[rows, k, vocab]`` float32 target rows ``q_j(. | x_{j-1})``.
+    bonus_token_ids : torch.Tensor
+        ``[rows, 1]`` int64 tokens drawn from ``q_k(. | x_{k-1})``.
+    draft_probs : torch.Tensor
+        ``[rows, k, vocab]`` float32 draft rows ``p_j(. | x_{j-1})``.
+    draft_token_ids : torch.Tensor
+        ``[rows, k]`` int64 drafts ``x_j ~ p_j(. | x_{j-1})``.
+    """
+
+    target_probs: torch.Tensor
+    bonus_token_ids: torch.Tensor
+    draft_probs: torch.Tensor
+    draft_token_ids: torch.Tensor
+
+
+class Simulation(NamedTuple):
+    """What :func:`simulate` returns.
+
+    Attributes
+    ----------
+    inputs : VerifierInputs
+        What the verifier was given (on the CPU).
+    token_ids : torch.Tensor
+        ``[rows, k + 1]`` int64 output of the verifier (on the CPU).
+    """
+
+    inputs: VerifierInputs
+    token_ids: torch.Tensor
+
+
+def _draw(rows: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return torch.multinomial(rows.to(torch.float64), 1, generator=generator).squeeze(-1)
+
+
+def draw_inputs(family: Family, rows: int, seed: int = 0) -> VerifierInputs:
+    """Draft ``rows`` sequences autoregressively and gather what a verifier needs.
+
+    Drafts follow ``x_j ~ p_j(. | x_{j-1})`` (``x_{-1}`` being the start token); the target
+    rows are ``q_j(. | x_{j-1})`` for ``j < k``, and the bonus token is drawn from the target
+    row after the last draft, ``q_k(. | x_{k-1})``. A private generator seeded by ``seed``
+    is used; the global random state is left untouched.
+
+    Parameters
+    ----------
+    family : Family
+        The toy pair.
+    rows : int
+        Number of sequences.
+    seed : int
+        Seed of the draws.
+
+    Returns
+    -------
+    VerifierInputs
+        ``target_probs``/``draft_probs`` ``[rows, k, vocab]`` float32 (contiguous),
+        ``bonus_token_ids [rows, 1]`` and ``draft_token_ids [rows, k]`` int64, on the CPU.
+
+    Examples
+    --------
+    >>> from specsample.testing import make_family
+    >>> inputs = draw_inputs(make_family("random", k=3, vocab=5), rows=10)
+    >>> tuple(inputs.target_probs.shape), tuple(inputs.bonus_token_ids.shape)
+    ((10, 3, 5), (10, 1))
+    """
+    generator = torch.Generator().manual_seed(seed)
+    k = family.k
+    prev = torch.full((rows,), family.start, dtype=torch.int64)
+    contexts = []
+    drafts = []
+    for j in range(k):
+        contexts.append(prev)
+        prev = _draw(family.draft[j][prev], generator)
+        drafts.append(prev)
+    bonus = _draw(family.target[k][prev], generator)
+    context = torch.stack(contexts, dim=1)
+    positions = torch.arange(k).expand(rows, k)
+    return VerifierInputs(
+        target_probs=family.target[positions, context].contiguous(),
+        bonus_token_ids=bonus.unsqueeze(-1),
+        draft_probs=family.draft[positions, context].contiguous(),
+        draft_token_ids=torch.stack(drafts, dim=1),
+    )
+
+
+def _verifier_seed(seed: int) -> int:
+    return (seed * 6364136223846793005 + 1442695040888963407) % (1 << 63)
+
+
+def _forked_rng(device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """Save the global generators that calls on ``device`` use, restoring them on exit."""
+    if device.type == "cpu":
+        return torch.random.fork_rng(devices=[])
+    index = device.index
+    if index is None:
+        index = getattr(torch, device.type).current_device()
+    return torch.random.fork_rng(devices=[index], device_type=device.type)
+
+
+def _checked_output(out: object, rows: int, k: int) -> torch.Tensor:
+    """The verifier's output ``[rows, k + 1]`` as CPU int64, or a ``ValueError``."""
+    expected = (rows, k + 1)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"verifier must return a tensor of shape {expected}, got {shape}")
+    if out.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"verifier must return int64 token ids, got {out.dtype}")
+    return out.to(device="cpu", dtype=torch.int64)
+
+
+def simulate(
+    verifier: Verifier,
+    family: Family,
+    rows: int,
+    *,
+    seed: int = 0,
+    batch_size: int = 8192,
+    device: torch.device | str = "cpu",
+) -> Simulation:
+    """Run ``verifier`` on ``rows`` sequences drafted from ``family``.
+
+    The verifier is called on consecutive chunks of ``batch_size`` rows, with its inputs on
+    ``device``. Torch's global generators are seeded from ``seed`` for the duration of the
+    calls and restored afterwards, so the result is reproducible and the caller's random
+    state is untouched.
+
+    Parameters
+    ----------
+    verifier : Verifier
+        Any callable with the chain verifier's forward signature.
+    family : Family
+        The toy pair.
+    rows : int
+        Number of sequences.
+    seed : int
+        Seeds both the drafts (see :func:`draw_inputs`) and the verifier's randomness.
+    batch_size : int
+        Rows per verifier call (``1`` calls the verifier row by row).
+    device : torch.device or str
+        Where the verifier's inputs are placed.
+
+    Returns
+    -------
+    Simulation
+        The inputs and the ``[rows, k + 1]`` int64 output, both on the CPU.
+
+    Raises
+    ------
+    ValueError
+        ``batch_size`` is below 1, or the verifier returned a tensor of the wrong shape or
+        dtype.
+
+    Examples
+    --------
+    >>> from specsample.sampler import RejectionSampler
+    >>> from specsample.testing import make_family
+    >>> simulation = simulate(RejectionSampler(), make_family("random", k=2), rows=5)
+    >>> tuple(simulation.token_ids.shape)
+    (5, 3)
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    inputs = draw_inputs(family, rows, seed)
+    target_device = torch.device(device)
+    outputs = []
+    with _forked_rng(target_device):
+        torch.manual_seed(_verifier_seed(seed))
+        for begin in range(0, rows, batch_size):
+            chunk = [t[begin : begin + batch_size].to(target_device) for t in inputs]
+            out = verifier(*chunk)
+            outputs.append(_checked_output(out, chunk[0].shape[0], family.k))
+    token_ids = torch.cat(outputs) if outputs else torch.empty(0, family.k + 1, dtype=torch.int64)
+    return Simulation(inputs, token_ids)
