@@ -35,16 +35,11 @@ import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
-from unittest import mock
 
 import torch
 
 from specsample import RejectionSampler, kernels, verify
-from specsample import api as api_module
-from specsample import sampler as sampler_module
-from specsample.metadata import BatchLayout, SamplingMetadata
 from specsample.probs import processed_probs
-from specsample.random import step_uniforms
 from specsample.rules.block import block_verify
 from specsample.rules.chain import chain_verify
 from specsample.testing import Family, exactness_report, make_family
@@ -88,31 +83,22 @@ def kernel_verify(
     method: str = "chain",
     **params: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``specsample.verify`` with the step after the row statistics done by the kernels.
+    """``specsample.verify`` on the Triton backend.
 
     Returns ``token_ids [batch, max_drafts + 1]`` and ``num_emitted [batch]``.
     """
-    device = target_logits.device
-    layout = BatchLayout.build(num_draft_tokens, device)
-    meta = SamplingMetadata.build(layout.batch, **params)
-    stats = api_module._target_stats(target_logits, meta, layout, not meta.all_greedy)
-    greedy = torch.tensor([t == 0.0 for t in meta.temperature]).to(device, non_blocking=True)
-    if meta.all_greedy:
-        uniforms = None
-    elif uniforms is None:
-        uniforms = step_uniforms(layout.batch, layout.max_drafts, device)
-    ids, count = kernels.verify_logits(
+    out = verify(
         target_logits,
         draft_token_ids,
-        layout,
-        stats,
-        greedy,
-        uniforms,
+        num_draft_tokens,
+        uniforms=uniforms,
         draft_probs=draft_probs,
         draft_logits=draft_logits,
         method=method,
+        backend="triton",
+        **params,
     )
-    return ids, count + 1
+    return out.token_ids, out.num_emitted
 
 
 def _torch_verifier(rule: str) -> Callable[..., torch.Tensor]:
@@ -279,10 +265,16 @@ def check_parity(device: torch.device, shapes: list[tuple[int, int, int]]) -> No
         )
 
         def reference(u: torch.Tensor, method: str = method) -> torch.Tensor:
-            with mock.patch.object(api_module, "step_uniforms", lambda *_, **__: u):
-                return verify(
-                    logits, ids, counts, draft_logits=draft_logits, method=method, **params
-                ).token_ids
+            return verify(
+                logits,
+                ids,
+                counts,
+                draft_logits=draft_logits,
+                method=method,
+                uniforms=u,
+                backend="torch",
+                **params,
+            ).token_ids
 
         _compare(f"logits {method:5} mixed greedy/sampled, ragged", reference, kernel, uniforms)
 
@@ -306,21 +298,27 @@ def check_sync(device: torch.device) -> None:
     cases: list[tuple[str, Callable[[], Any]]] = []
     for rule in ("chain", "block"):
         module = RejectionSampler(method=rule)
+        torch_module = RejectionSampler(method=rule, backend="torch")
         cases.append(
-            (f"RejectionSampler({rule!r}), its own rules", lambda m=module: m(q, bonus, p, ids))
+            (
+                f"RejectionSampler({rule!r}), PyTorch backend",
+                lambda m=torch_module: m(q, bonus, p, ids),
+            )
         )
         cases.append(
             (
                 f"RejectionSampler({rule!r}), seeded",
-                lambda m=module: m(q, bonus, p, ids, seeds=seeds, seed_offsets=seeds),
+                lambda m=module: m(q, bonus, p, ids, seeds=seeds, positions=seeds),
             )
         )
 
-        def with_kernels(m: RejectionSampler = module) -> Any:
-            with mock.patch.dict(sampler_module._RULES, kernels.RULES):
-                return m(q, bonus, p, ids, seeds=seeds)
-
-        cases.append((f"RejectionSampler({rule!r}), kernel rules", with_kernels))
+        triton_module = RejectionSampler(method=rule, backend="triton")
+        cases.append(
+            (
+                f"RejectionSampler({rule!r}), Triton backend",
+                lambda m=triton_module: m(q, bonus, p, ids, seeds=seeds),
+            )
+        )
         cases.append(
             (
                 f"specsample.verify method={rule!r}",
@@ -331,7 +329,7 @@ def check_sync(device: torch.device) -> None:
         )
         cases.append(
             (
-                f"kernels.verify_logits method={rule!r}",
+                f"specsample.verify backend='triton' method={rule!r}",
                 lambda r=rule: kernel_verify(
                     logits, flat_ids, counts, draft_probs=draft_probs, method=r, **params
                 ),

@@ -101,6 +101,8 @@ def plan_logits(
     device = target_logits.device
     if uniforms is not None:
         uniforms = check_uniforms(uniforms, layout.batch, layout.max_drafts, device)
+        if sampling.all_greedy:
+            uniforms = None
     elif not sampling.all_greedy:
         uniforms = step_uniforms(seeding, layout.max_drafts, device, positions)
     return Plan(layout, stats, sampling.greedy, uniforms)

@@ -194,13 +194,13 @@ class Seeding:
         if clash:
             raise ValueError(f"row {clash[0]} has both a seed and a generator of its own")
         shared = [i for i, s in enumerate(values) if s < 0 and i not in mine]
-        tensor = None
+        counter_seeds = None
         if any(s >= 0 for s in values):
-            tensor = torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
+            counter_seeds = torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
         rows = None
         if len(shared) < batch:
             rows = torch.tensor(shared, dtype=torch.int64).to(device, non_blocking=True)
-        return Seeding(batch, tensor, own, rows, generator)
+        return Seeding(batch, counter_seeds, own, rows, generator)
 
     def _unseeded(self, n: int, device: torch.device) -> torch.Tensor:
         """``[batch, n]`` numbers of the rows that are not counter-seeded (others: filler)."""
@@ -270,7 +270,10 @@ def step_uniforms(
     Counter-seeded rows read the accept tests from :attr:`Stream.ACCEPT` and the final draw
     from :attr:`Stream.FINAL`, each in the stripe of the row's position (see the module
     docstring), so a loop never reuses a number: not even one that only influenced a
-    decision indirectly, as every ``eta_i`` does in block verification.
+    decision indirectly, as every ``eta_i`` does in block verification. Rows that read a
+    generator draw the final number first, then the accept tests: a row's first numbers do
+    not depend on how wide the batch is, so an unseeded request verified alone or beside
+    requests with more drafts reads the same numbers.
 
     Parameters
     ----------
@@ -301,7 +304,8 @@ def step_uniforms(
     batch = seeding.batch
     accept = stripe(positions, batch, k, STEP_STRIDE, device)
     final = stripe(positions, batch, 1, 1, device)
-    return seeding.draw(device, [(Stream.ACCEPT, accept), (Stream.FINAL, final)])
+    drawn = seeding.draw(device, [(Stream.FINAL, final), (Stream.ACCEPT, accept)])
+    return drawn.roll(-1, dims=1)
 
 
 def inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -48,11 +48,9 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
-from specsample import api, kernels, verify
+from specsample import kernels, verify
 from specsample.kernels import launch
-from specsample.metadata import BatchLayout, SamplingMetadata
 from specsample.probs import processed_probs
-from specsample.random import step_uniforms
 from specsample.rules.block import block_verify
 from specsample.rules.chain import VerifyResult, chain_verify
 from specsample.testing import FAMILIES, Family, exactness_report, make_family
@@ -286,29 +284,22 @@ def kernel_verify(
     method: str = "chain",
     **params: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """What ``specsample.verify`` computes, with the step after the row statistics in kernels.
+    """``specsample.verify`` on the Triton backend: ``(token_ids, num_accepted)``.
 
-    ``uniforms`` (default: drawn by :func:`step_uniforms`) are the step's uniforms.
+    ``uniforms`` (default: drawn by the pipeline) are the step's uniforms.
     """
-    layout = BatchLayout.build(num_draft_tokens, target_logits.device)
-    meta = SamplingMetadata.build(layout.batch, **params)
-    stats = api._target_stats(target_logits, meta, layout, not meta.all_greedy)
-    greedy = torch.tensor([t == 0.0 for t in meta.temperature])
-    if meta.all_greedy:
-        uniforms = None
-    elif uniforms is None:
-        uniforms = step_uniforms(layout.batch, layout.max_drafts, target_logits.device)
-    return kernels.verify_logits(
+    out = verify(
         target_logits,
         draft_token_ids,
-        layout,
-        stats,
-        greedy,
-        uniforms,
+        num_draft_tokens,
+        uniforms=uniforms,
         draft_probs=draft_probs,
         draft_logits=draft_logits,
         method=method,
+        backend="triton",
+        **params,
     )
+    return out.token_ids, out.num_accepted
 
 
 def _logits_case(seed: int, vocab: int, batch: int, draft: str) -> dict[str, Any]:
@@ -377,10 +368,8 @@ def test_logits_parity(draft: str, method: str, monkeypatch: pytest.MonkeyPatch)
             def reference(
                 u: torch.Tensor, case=case, logits=target_logits, ids=draft_token_ids
             ) -> Any:
-                with monkeypatch.context() as patch:
-                    patch.setattr(api, "step_uniforms", lambda *_, **__: u)
-                    out = verify(logits, ids, method=method, **case)
-                return out.token_ids, out.num_emitted - 1
+                out = verify(logits, ids, method=method, uniforms=u, backend="torch", **case)
+                return out.token_ids, out.num_accepted
 
             ids, count = kernel_verify(
                 target_logits, draft_token_ids, uniforms=uniforms, method=method, **case
@@ -409,9 +398,7 @@ def test_all_greedy_and_no_drafts(draft: str) -> None:
     for method in ("chain", "block"):
         uniforms = torch.rand(4, 1, dtype=torch.float64)
         ids, count = kernel_verify(logits, none, [0] * 4, uniforms=uniforms, method=method)
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(api, "step_uniforms", lambda *_, u=uniforms, **__: u)
-            expected = verify(logits, none, [0] * 4, method=method)
+        expected = verify(logits, none, [0] * 4, method=method, uniforms=uniforms, backend="torch")
         assert torch.equal(ids, expected.token_ids) and not bool(count.any())
 
 

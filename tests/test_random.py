@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specsample.random import counter_uniform, row_uniforms
+from specsample.random import STEP_STRIDE, Seeding, Stream, counter_uniform, step_uniforms, stripe
 from specsample.sampler import RejectionSampler
 from specsample.testing import chi2_sf, draw_inputs, make_family
 
@@ -94,38 +94,74 @@ def test_streams_are_uncorrelated() -> None:
     assert abs(correlation) < 5 / a.numel() ** 0.5
 
 
-@pytest.mark.parametrize("stream", [-1, 4])
+@pytest.mark.parametrize("stream", [-1, len(Stream)])
 def test_stream_out_of_range_raises(stream: int) -> None:
     with pytest.raises(ValueError, match="stream"):
         counter_uniform(torch.tensor([1]), torch.zeros(1, 1, dtype=torch.int64), stream)
 
 
-def test_row_uniforms_mixes_seeded_and_unseeded_rows() -> None:
-    seeds = torch.tensor([5, -1, 7, -3])
-    out = row_uniforms(4, 6, device=CPU, generator=torch.Generator().manual_seed(9), seeds=seeds)
-    assert out.shape == (4, 6) and out.dtype == torch.float64
-    own = counter_uniform(seeds[[0, 2]], _grid(seeds[[0, 2]], 6))
+def test_seeding_mixes_seeded_generator_and_shared_rows() -> None:
+    """Seeded rows read their counters, generator rows their generator, the rest the shared
+    generator in row order: only they consume it."""
+    seeding = Seeding.build(
+        5,
+        CPU,
+        seeds=[5, None, 7, -1, None],
+        generators={4: torch.Generator().manual_seed(3)},
+        generator=torch.Generator().manual_seed(9),
+    )
+    counters = _grid(torch.zeros(5), 6)
+    out = seeding.draw(CPU, [(Stream.ACCEPT, counters)])
+    assert out.shape == (5, 6) and out.dtype == torch.float64
+    own = counter_uniform(torch.tensor([5, 7]), counters[:2])
     assert torch.equal(out[[0, 2]], own)
-    drawn = torch.rand(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
-    assert torch.equal(out[[1, 3]], drawn[[1, 3]])
-    again = row_uniforms(4, 6, device=CPU, generator=torch.Generator().manual_seed(10), seeds=seeds)
-    assert torch.equal(again[[0, 2]], out[[0, 2]])
-    assert not torch.equal(again[[1, 3]], out[[1, 3]])
+    shared = torch.rand(2, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    assert torch.equal(out[[1, 3]], shared)
+    mine = torch.rand(6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(out[4], mine)
 
 
-def test_row_uniforms_offsets_shift_the_counters() -> None:
-    seeds = torch.tensor([11, 12])
-    offsets = torch.tensor([0, 3])
-    out = row_uniforms(2, 4, device=CPU, seeds=seeds, offsets=offsets, stream=2)
-    long = counter_uniform(seeds, _grid(seeds, 8), stream=2)
-    assert torch.equal(out[0], long[0, :4])
-    assert torch.equal(out[1], long[1, 3:7])
+def test_seeding_with_device_seeds_gives_the_shared_numbers_in_row_order() -> None:
+    """Seeds as a tensor (values unknown on the host): the same numbers as host seeds."""
+    host = Seeding.build(4, CPU, seeds=[5, None, 7, None], generator=torch.Generator())
+    device = Seeding.build(4, CPU, seeds=torch.tensor([5, -1, 7, -1]), generator=torch.Generator())
+    counters = _grid(torch.zeros(4), 3)
+    torch.manual_seed(0)
+    host.generator.manual_seed(4)  # type: ignore[union-attr]
+    a = host.draw(CPU, [(Stream.FINAL, counters)])
+    device.generator.manual_seed(4)  # type: ignore[union-attr]
+    b = device.draw(CPU, [(Stream.FINAL, counters)])
+    assert torch.equal(a, b)
 
 
-def test_row_uniforms_without_seeds_uses_the_generator() -> None:
-    a = row_uniforms(3, 5, device=CPU, generator=torch.Generator().manual_seed(1))
+def test_seeding_refuses_a_row_with_seed_and_generator() -> None:
+    with pytest.raises(ValueError, match="both a seed and a generator"):
+        Seeding.build(2, CPU, seeds=[1, None], generators={0: torch.Generator()})
+    with pytest.raises(ValueError, match="outside"):
+        Seeding.build(2, CPU, generators={2: torch.Generator()})
+
+
+def test_stripes_shift_the_counters() -> None:
+    counters = stripe(torch.tensor([0, 3]), 2, 4, STEP_STRIDE, CPU)
+    assert counters[1].tolist() == [3 * STEP_STRIDE + j for j in range(4)]
+    with pytest.raises(ValueError, match="at most"):
+        stripe(None, 1, STEP_STRIDE + 1, STEP_STRIDE, CPU)
+
+
+def test_without_seeds_the_shared_generator_is_read_directly() -> None:
+    seeding = Seeding.build(3, CPU, generator=torch.Generator().manual_seed(1))
+    a = seeding.draw(CPU, [(Stream.ACCEPT, _grid(torch.zeros(3), 5))])
     b = torch.rand(3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     assert torch.equal(a, b)
+
+
+def test_every_stream_has_its_own_key() -> None:
+    seeds = torch.arange(8)
+    counters = _grid(seeds, 64)
+    draws = [counter_uniform(seeds, counters, s) for s in Stream]
+    for i, a in enumerate(draws):
+        for b in draws[i + 1 :]:
+            assert float((a == b).to(torch.float64).mean()) < 0.01
 
 
 @pytest.mark.parametrize("with_offsets", [False, True])
@@ -145,26 +181,32 @@ def test_seeded_row_is_batch_invariant(with_offsets: bool) -> None:
     ) -> torch.Tensor:
         kwargs = {"seeds": seeds}
         if with_offsets:
-            kwargs["seed_offsets"] = offsets
+            kwargs["positions"] = offsets
         return RejectionSampler()(*tensors, generator=torch.Generator().manual_seed(0), **kwargs)
 
     alone = run(row, seed, offset)
-    first = run([torch.cat([a, b]) for a, b in zip(row, others, strict=True)],
-                torch.cat([seed, other_seeds]), torch.cat([offset, other_offsets]))
-    last = run([torch.cat([b, a]) for a, b in zip(row, others, strict=True)],
-               torch.cat([other_seeds, seed]), torch.cat([other_offsets, offset]))
+    first = run(
+        [torch.cat([a, b]) for a, b in zip(row, others, strict=True)],
+        torch.cat([seed, other_seeds]),
+        torch.cat([offset, other_offsets]),
+    )
+    last = run(
+        [torch.cat([b, a]) for a, b in zip(row, others, strict=True)],
+        torch.cat([other_seeds, seed]),
+        torch.cat([other_offsets, offset]),
+    )
     assert torch.equal(first[:1], alone)
     assert torch.equal(last[-1:], alone)
     outputs = {tuple(run(row, torch.tensor([s]), offset)[0].tolist()) for s in range(200)}
     assert len(outputs) > 1, "the row's output must depend on its seed"
 
 
-def test_seed_offsets_change_the_draws() -> None:
+def test_positions_change_the_draws() -> None:
     inputs = draw_inputs(make_family("random", 4, vocab=8, seed=3), rows=256, seed=4)
     seeds = torch.arange(256)
     a = RejectionSampler()(*inputs, seeds=seeds)
-    b = RejectionSampler()(*inputs, seeds=seeds, seed_offsets=torch.zeros(256, dtype=torch.int64))
-    c = RejectionSampler()(*inputs, seeds=seeds, seed_offsets=torch.full((256,), 5))
+    b = RejectionSampler()(*inputs, seeds=seeds, positions=torch.zeros(256, dtype=torch.int64))
+    c = RejectionSampler()(*inputs, seeds=seeds, positions=torch.full((256,), 5))
     assert torch.equal(a, b)
     assert not torch.equal(a, c)
 
@@ -173,14 +215,11 @@ def test_steps_at_increasing_positions_never_share_a_number() -> None:
     """Block verification's accepted length depends on every ``eta_i`` of its step, even
     those after it, so no number of one step may be reused by a later one: a step at a
     larger position draws from a disjoint stripe of counters."""
-    from specsample.random import step_uniforms
-
-    seeds = torch.full((1,), 77)
+    seeding = Seeding.build(1, CPU, seeds=[77])
     k = 6
     seen: set[float] = set()
     for position in range(0, 40, 3):
-        u = step_uniforms(1, k, torch.device("cpu"), seeds=seeds,
-                          positions=torch.tensor([position]))
+        u = step_uniforms(seeding, k, CPU, positions=torch.tensor([position]))
         values = set(u[0].tolist())
         assert not values & seen
         seen |= values

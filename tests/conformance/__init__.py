@@ -1,0 +1,1 @@
+"""Conformance tests: our contract checked the way vLLM tests its own samplers."""
