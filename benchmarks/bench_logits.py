@@ -39,16 +39,15 @@ import torch
 
 from specsample import chain_verify, verify
 from specsample.bench import (
-    CpuShare,
+    TARGET_SCALE,
     Flusher,
+    Shape,
     cache_flush_bytes,
-    cold_medians,
-    extra_peak_bytes,
+    correlated_logits,
     parse_positive_int,
     parse_shape,
+    profile_calls,
 )
-
-Shape = tuple[int, int, int]
 
 SHAPES: tuple[Shape, ...] = ((64, 4, 128256), (16, 5, 151936))
 """``(batch, k, vocab)``: Llama-3 and Qwen2 vocabularies."""
@@ -58,9 +57,6 @@ QUICK_SHAPES: tuple[Shape, ...] = ((8, 4, 32000),)
 
 MODES = ("greedy", "sampled", "mixed")
 """All greedy, all sampled at temperature 1.0, and alternating."""
-
-_LOGIT_SCALE = 4.0
-_DRAFT_MIX = 0.2
 
 
 class Case(NamedTuple):
@@ -90,7 +86,9 @@ class Case(NamedTuple):
 def make_case(batch: int, k: int, vocab: int, mode: str, seed: int = 0) -> Case:
     """Target logits ``4 z``, draft logits ``4 (0.98 z + 0.2 z')``, drafts sampled.
 
-    Counts are uniform in ``1..k`` with the first request at ``k``.
+    The logits are those of :func:`specsample.bench.make_inputs` (see
+    :func:`specsample.bench.correlated_logits`). Counts are uniform in ``1..k`` with the
+    first request at ``k``.
     """
     gen = torch.Generator().manual_seed(seed)
     counts = torch.randint(1, k + 1, (batch,), generator=gen)
@@ -100,9 +98,8 @@ def make_case(batch: int, k: int, vocab: int, mode: str, seed: int = 0) -> Case:
     z = torch.randn(rows, vocab, generator=gen)
     starts = torch.cumsum(counts + 1, 0) - (counts + 1)
     draft_rows = torch.cat([s + torch.arange(int(n)) for s, n in zip(starts, counts, strict=True)])
-    mix = (1.0 - _DRAFT_MIX**2) ** 0.5
     noise = torch.randn(total, vocab, generator=gen)
-    draft_probs = torch.softmax(_LOGIT_SCALE * (mix * z[draft_rows] + _DRAFT_MIX * noise), -1)
+    draft_probs = torch.softmax(correlated_logits(z[draft_rows], noise), -1)
     del noise
     ids = torch.multinomial(draft_probs, 1, generator=gen).squeeze(-1)
     if mode == "greedy":
@@ -111,7 +108,7 @@ def make_case(batch: int, k: int, vocab: int, mode: str, seed: int = 0) -> Case:
         temperature = [1.0] * batch
     else:
         temperature = [0.0 if i % 2 else 1.0 for i in range(batch)]
-    return Case(z.mul_(_LOGIT_SCALE), draft_probs, ids, counts.tolist(), temperature)
+    return Case(z.mul_(TARGET_SCALE), draft_probs, ids, counts.tolist(), temperature)
 
 
 def ours(case: Case, generator: torch.Generator) -> torch.Tensor:
@@ -183,15 +180,11 @@ def measure(shape: Shape, mode: str, *, repeats: int, flush: Flusher, seed: int)
         "ours": lambda: ours(case, generator),
         "naive": lambda: naive(case, generator),
     }
-    device = torch.device("cpu")
     with torch.no_grad():
         agree = _greedy_agree(case, seed)
-        memory = {}
-        for name, fn in calls.items():
-            fn()
-            memory[name] = extra_peak_bytes(fn) / unit
-        with CpuShare() as contention:
-            medians = cold_medians(calls, dict.fromkeys(calls, repeats), flush, device)
+    counts = dict.fromkeys(calls, repeats)
+    profile = profile_calls(calls, counts, flush, torch.device("cpu"), unit)
+    medians, memory = profile.medians, profile.memory
     return {
         "batch": batch,
         "k": k,
@@ -204,7 +197,7 @@ def measure(shape: Shape, mode: str, *, repeats: int, flush: Flusher, seed: int)
         "ours_mem": memory["ours"],
         "naive_mem": memory["naive"],
         "agree": agree,
-        "others": contention.share,
+        "others": profile.others,
     }
 
 

@@ -1,4 +1,4 @@
-"""Mean tokens per verification step of chain, block, tree and typical verification.
+"""Mean tokens per verification step of every rule of :data:`specsample.compare.RULES`.
 
 Usage::
 

@@ -233,21 +233,17 @@ def verify(
     draft_token_ids = require_tensor("draft_token_ids", draft_token_ids)
     check_method(method, chain_methods())
     chosen = backends.resolve(backend, target_logits)
+    device = target_logits.device
+    layout, bonus = _layout(
+        target_logits,
+        draft_token_ids,
+        num_draft_tokens,
+        bonus_token_ids,
+        max_draft_tokens,
+        return_logprobs,
+    )
     if draft_probs is not None and draft_logits is not None:
         raise ValueError("pass draft_probs or draft_logits, not both")
-    device = target_logits.device
-    layout = BatchLayout.build(
-        num_draft_tokens,
-        device,
-        total_drafts=int(draft_token_ids.shape[0]) if draft_token_ids.dim() == 1 else None,
-        max_drafts=max_draft_tokens,
-        bonus_rows=bonus_token_ids is None,
-    )
-    bonus = _bonus_ids(bonus_token_ids, layout.batch, device)
-    if return_logprobs and bonus is not None:
-        raise ValueError(
-            "return_logprobs needs the bonus rows: pass them instead of bonus_token_ids"
-        )
     draft_rows = draft_probs if draft_probs is not None else draft_logits
     draft_name = "draft_probs" if draft_probs is not None else "draft_logits"
     check_logits_inputs(target_logits, draft_token_ids, layout, draft_rows, draft_name)
@@ -280,6 +276,30 @@ def verify(
     if return_logprobs:
         logprobs = _emitted_logprobs(target_logits, plan.stats, layout, token_ids)
     return VerifyOutput(token_ids, num_accepted, logprobs)
+
+
+def _layout(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: Ints,
+    bonus_token_ids: torch.Tensor | None,
+    max_draft_tokens: int | None,
+    return_logprobs: bool,
+) -> tuple[BatchLayout, torch.Tensor | None]:
+    """The batch layout, and the given bonus ids as ``[batch]`` int64 (or ``None``)."""
+    layout = BatchLayout.build(
+        num_draft_tokens,
+        target_logits.device,
+        total_drafts=int(draft_token_ids.shape[0]) if draft_token_ids.dim() == 1 else None,
+        max_drafts=max_draft_tokens,
+        bonus_rows=bonus_token_ids is None,
+    )
+    bonus = _bonus_ids(bonus_token_ids, layout.batch, target_logits.device)
+    if return_logprobs and bonus is not None:
+        raise ValueError(
+            "return_logprobs needs the bonus rows: pass them instead of bonus_token_ids"
+        )
+    return layout, bonus
 
 
 def _bonus_ids(value: object, batch: int, device: torch.device) -> torch.Tensor | None:

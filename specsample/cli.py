@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from specsample import bench
+from specsample import bench, compare, models
+from specsample.methods import METHODS, chain_methods
 from specsample.sampler import RejectionSampler
-
-__all__ = ["DEMO_FAMILIES", "main"]
+from specsample.testing import exactness_report, make_family
 
 DEMO_FAMILIES = ("random", "sparse", "equal", "markov", "peaked")
 """Toy families the demo checks (see :func:`specsample.testing.make_family`)."""
@@ -47,7 +47,14 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
+    _add_demo_parser(commands)
+    _add_bench_parser(commands)
+    _add_compare_parser(commands)
+    _add_generate_parser(commands)
+    return parser
 
+
+def _add_demo_parser(commands: Any) -> None:
     demo = commands.add_parser(
         "demo",
         help="check exactness on toy families, then print a short speed table",
@@ -73,6 +80,8 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0, help="seed of families and draws (default 0)")
     demo.add_argument("--no-speed", action="store_true", help="skip the speed table")
 
+
+def _add_bench_parser(commands: Any) -> None:
     bench_parser = commands.add_parser(
         "bench",
         help="cold-cache latency and peak memory against the naive reference",
@@ -81,31 +90,36 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     bench.add_arguments(bench_parser)
 
-    compare = commands.add_parser(
+
+def _add_compare_parser(commands: Any) -> None:
+    rules = ", ".join(compare.RULES[:-1]) + " and " + compare.RULES[-1]
+    compare_parser = commands.add_parser(
         "compare",
-        help="tokens per verification step of chain, block, tree and typical verification",
+        help=f"tokens per verification step of {rules} verification",
         description="Verify the same drafts with every rule and report the mean tokens per "
         "verification step (95% CI) against k, with the exact value where known.",
     )
-    compare.add_argument(
+    positive = bench.parse_positive_int
+    compare_parser.add_argument(
         "--families",
         nargs="+",
         default=["random", "markov", "peaked", "zipf"],
         help="toy families (see specsample.testing.make_family)",
     )
-    compare.add_argument(
+    compare_parser.add_argument(
         "--k", nargs="+", type=positive, default=[1, 2, 3, 4, 5], help="draft lengths"
     )
-    compare.add_argument("--rows", type=positive, default=20_000, help="steps per point")
-    compare.add_argument("--vocab", type=positive, default=8, help="vocabulary (default 8)")
-    compare.add_argument("--branching", type=positive, default=2, help="children per tree node")
-    compare.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    compare.add_argument("--plot", metavar="FILE.png", help="save tokens per step against k")
-    _add_generate_parser(commands)
-    return parser
+    compare_parser.add_argument("--rows", type=positive, default=20_000, help="steps per point")
+    compare_parser.add_argument("--vocab", type=positive, default=8, help="vocabulary (default 8)")
+    compare_parser.add_argument(
+        "--branching", type=positive, default=2, help="children per tree node"
+    )
+    compare_parser.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    compare_parser.add_argument("--plot", metavar="FILE.png", help="save tokens per step against k")
 
 
 def _add_generate_parser(commands: Any) -> None:
+    """The ``generate`` command's arguments."""
     generate = commands.add_parser(
         "generate",
         help="generate text with batched speculative decoding",
@@ -114,35 +128,9 @@ def _add_generate_parser(commands: Any) -> None:
         "and exact verification keeps the target's distribution. Without --target, the default "
         "pair installed under specsample/models/default is used.",
     )
+    _add_drafting_arguments(generate)
+    _add_sampling_arguments(generate)
     positive = bench.parse_positive_int
-    generate.add_argument("prompt", help="the prompt text")
-    generate.add_argument("--target", metavar="DIR", help="target model directory")
-    generate.add_argument("--draft", metavar="DIR", help="draft model directory")
-    generate.add_argument(
-        "--ngram", action="store_true", help="draft by prompt lookup instead of a draft model"
-    )
-    generate.add_argument("-k", type=positive, default=4, help="drafts per step (default 4)")
-    generate.add_argument(
-        "--method",
-        choices=("chain", "block", "typical"),
-        default="chain",
-        help="verification rule: chain or block (exact), typical (Medusa's, LOSSY: the output "
-        "does not follow the target's distribution)",
-    )
-    generate.add_argument(
-        "--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)"
-    )
-    generate.add_argument("--top-k", type=int, default=0, help="top-k filter (default 0: off)")
-    generate.add_argument("--top-p", type=float, default=1.0, help="top-p filter (default 1: off)")
-    generate.add_argument(
-        "--batch-size", type=positive, default=1, help="copies of the prompt decoded together"
-    )
-    generate.add_argument(
-        "--max-new-tokens", type=positive, default=128, help="tokens per sequence (default 128)"
-    )
-    generate.add_argument(
-        "--seed", type=int, default=None, help="seed of sequence i is SEED + i (default: unseeded)"
-    )
     generate.add_argument(
         "--compare",
         action="store_true",
@@ -160,10 +148,48 @@ def _add_generate_parser(commands: Any) -> None:
     )
 
 
-def _compare(args: argparse.Namespace) -> int:
-    from specsample.compare import compare_rules, format_comparison, plot_comparison
+def _add_drafting_arguments(generate: argparse.ArgumentParser) -> None:
+    """The prompt, the models, the drafts per step and the verification rule."""
+    positive = bench.parse_positive_int
+    generate.add_argument("prompt", help="the prompt text")
+    generate.add_argument("--target", metavar="DIR", help="target model directory")
+    generate.add_argument("--draft", metavar="DIR", help="draft model directory")
+    generate.add_argument(
+        "--ngram", action="store_true", help="draft by prompt lookup instead of a draft model"
+    )
+    generate.add_argument("-k", type=positive, default=4, help="drafts per step (default 4)")
+    exact = chain_methods()
+    lossy = [name for name in chain_methods(lossy=True) if name not in exact]
+    generate.add_argument(
+        "--method",
+        choices=chain_methods(lossy=True),
+        default="chain",
+        help=f"verification rule: {' or '.join(exact)} (exact), {', '.join(lossy)} (LOSSY: the "
+        "output does not follow the target's distribution)",
+    )
 
-    results = compare_rules(
+
+def _add_sampling_arguments(generate: argparse.ArgumentParser) -> None:
+    """Sampling parameters, batch size, length and seed."""
+    positive = bench.parse_positive_int
+    generate.add_argument(
+        "--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)"
+    )
+    generate.add_argument("--top-k", type=int, default=0, help="top-k filter (default 0: off)")
+    generate.add_argument("--top-p", type=float, default=1.0, help="top-p filter (default 1: off)")
+    generate.add_argument(
+        "--batch-size", type=positive, default=1, help="copies of the prompt decoded together"
+    )
+    generate.add_argument(
+        "--max-new-tokens", type=positive, default=128, help="tokens per sequence (default 128)"
+    )
+    generate.add_argument(
+        "--seed", type=int, default=None, help="seed of sequence i is SEED + i (default: unseeded)"
+    )
+
+
+def _compare(args: argparse.Namespace) -> int:
+    results = compare.compare_rules(
         args.families,
         args.k,
         rows=args.rows,
@@ -171,15 +197,13 @@ def _compare(args: argparse.Namespace) -> int:
         branching=args.branching,
         seed=args.seed,
     )
-    print(format_comparison(results))
+    print(compare.format_comparison(results))
     if args.plot:
-        print(f"plot written to {plot_comparison(results, args.plot)}")
+        print(f"plot written to {compare.plot_comparison(results, args.plot)}")
     return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from specsample.testing import exactness_report, make_family
-
     print(
         f"Exactness of RejectionSampler: {args.rows} sequences per family, k={args.k}, "
         f"vocab={args.vocab}; each family passes when all its tests pass at family-wise "
@@ -252,6 +276,7 @@ class _Progress:
 
 
 def _model_dirs(args: argparse.Namespace) -> tuple[Path, Path | None]:
+    """The target and draft directories (``None``: prompt lookup) the arguments ask for."""
     from specsample.generate import hf
 
     if args.draft is not None and args.ngram:
@@ -261,7 +286,7 @@ def _model_dirs(args: argparse.Namespace) -> tuple[Path, Path | None]:
         if pair is None:
             raise ValueError(
                 "no default model pair is installed (expected "
-                f"{hf.DEFAULT_PAIR_DIR}/target and .../draft): pass --target DIR with "
+                f"{models.DEFAULT_DIR}/target and .../draft): pass --target DIR with "
                 "--draft DIR or --ngram"
             )
         if args.draft is not None:
@@ -295,12 +320,8 @@ def _plot_acceptance(stats: Any, path: str) -> None:
     plt.close(figure)
 
 
-def _generate(args: argparse.Namespace) -> int:
-    from specsample.generate import NGramDrafter, hf, speculative_generate, target_generate
-
-    if not args.prompt.strip():
-        raise ValueError("the prompt is empty")
-    target_dir, draft_dir = _model_dirs(args)
+def _prepare_runtime(threads: int | None) -> None:
+    """Check that transformers is installed, silence its progress bars, set torch's threads."""
     try:
         from transformers.utils import logging as hf_logging
     except ImportError:
@@ -308,10 +329,16 @@ def _generate(args: argparse.Namespace) -> int:
             "generate needs transformers; install it with: pip install 'specsample[hf]'"
         ) from None
     hf_logging.disable_progress_bar()
-    if args.threads is not None:
+    if threads is not None:
         import torch
 
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(threads)
+
+
+def _load_models(target_dir: Path, draft_dir: Path | None) -> tuple[Any, Any, Any]:
+    """The tokenizer, the target model and the drafter (a draft model, or prompt lookup)."""
+    from specsample.generate import NGramDrafter, hf
+
     if not target_dir.is_dir():
         raise ValueError(f"target model directory does not exist: {target_dir}")
     if draft_dir is not None and not draft_dir.is_dir():
@@ -321,33 +348,82 @@ def _generate(args: argparse.Namespace) -> int:
         hf.check_same_tokenizer(tokenizer, hf.load_tokenizer(draft_dir))
     target = hf.load_model(target_dir, role="target")
     hf.check_masked_cache(target, role="target")
-    if draft_dir is not None:
-        draft = hf.load_model(draft_dir, role="draft")
-        hf.check_masked_cache(draft, role="draft")
-        drafter: Any = draft
-    else:
-        drafter = NGramDrafter()
-    prompt_ids = tokenizer.encode(args.prompt)
-    if not prompt_ids:
-        raise ValueError("the prompt is empty once tokenized")
-    batch = args.batch_size
+    if draft_dir is None:
+        return tokenizer, target, NGramDrafter()
+    draft = hf.load_model(draft_dir, role="draft")
+    hf.check_masked_cache(draft, role="draft")
+    return tokenizer, target, draft
+
+
+def _sampling_options(args: argparse.Namespace, tokenizer: Any, target: Any) -> dict[str, Any]:
+    """Keyword arguments both decoding loops share: sampling, length, EOS and seeds."""
     eos = tokenizer.eos_token_id
     if eos is None:
         eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
-    common: dict[str, Any] = {
+    return {
         "temperature": args.temperature,
         "top_k": args.top_k,
         "top_p": args.top_p,
         "max_new_tokens": args.max_new_tokens,
         "eos_token_id": eos,
-        "seeds": None if args.seed is None else [args.seed + i for i in range(batch)],
+        "seeds": None if args.seed is None else [args.seed + i for i in range(args.batch_size)],
     }
-    prompts = [prompt_ids] * batch
+
+
+def _warm_up(
+    args: argparse.Namespace, target: Any, drafter: Any, prompt_ids: list[int], common: Any
+) -> None:
+    """Run both loops on two tokens, so that the timed runs compare warm code paths."""
+    from specsample.generate import speculative_generate, target_generate
+
+    warm = {**common, "max_new_tokens": 2, "seeds": None}
+    speculative_generate(target, [prompt_ids], drafter, k=args.k, method=args.method, **warm)
+    target_generate(target, [prompt_ids], **warm)
+
+
+def _print_sequences(
+    output: Any, streamed: bool, tokenizer: Any, prompt_ids: list[int], method: str
+) -> None:
+    """End the streamed sequence, or print every sequence; then the run's statistics."""
+    if streamed:
+        print("\n")
+    else:
+        for i, ids in enumerate(output.sequences):
+            print(f"[{i}] {tokenizer.decode(prompt_ids + ids, skip_special_tokens=True)}")
+        print()
+    print(output.stats.format_table())
+    if not METHODS[method].exact:
+        print(f"note: {method} acceptance is lossy; this output is not a sample of the target")
+
+
+def _print_speedup(output: Any, baseline: Any) -> None:
+    """The target-only statistics, then the wall-clock speedup of speculative decoding."""
+    print()
+    print(baseline.stats.format_table())
+    speedup = output.stats.tokens_per_s / baseline.stats.tokens_per_s
+    print(
+        f"\nwall-clock speedup: {speedup:.2f}x ({baseline.stats.tokens_per_s:.1f} tokens/s "
+        f"target-only -> {output.stats.tokens_per_s:.1f} tokens/s speculative; tokens per "
+        "second, since sampled runs may stop at EOS after different lengths)"
+    )
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from specsample.generate import speculative_generate, target_generate
+
+    if not args.prompt.strip():
+        raise ValueError("the prompt is empty")
+    target_dir, draft_dir = _model_dirs(args)
+    _prepare_runtime(args.threads)
+    tokenizer, target, drafter = _load_models(target_dir, draft_dir)
+    prompt_ids = tokenizer.encode(args.prompt)
+    if not prompt_ids:
+        raise ValueError("the prompt is empty once tokenized")
+    common = _sampling_options(args, tokenizer, target)
+    prompts = [prompt_ids] * args.batch_size
     if args.compare:
-        warm = {**common, "max_new_tokens": 2, "seeds": None}
-        speculative_generate(target, [prompt_ids], drafter, k=args.k, method=args.method, **warm)
-        target_generate(target, [prompt_ids], **warm)
-    stream = _Stream(tokenizer, prompt_ids) if batch == 1 else None
+        _warm_up(args, target, drafter, prompt_ids, common)
+    stream = _Stream(tokenizer, prompt_ids) if args.batch_size == 1 else None
     output = speculative_generate(
         target,
         prompts,
@@ -358,25 +434,10 @@ def _generate(args: argparse.Namespace) -> int:
         on_progress=None if stream is not None else _Progress("speculative"),
         **common,
     )
-    if stream is not None:
-        print("\n")
-    else:
-        for i, ids in enumerate(output.sequences):
-            print(f"[{i}] {tokenizer.decode(prompt_ids + ids, skip_special_tokens=True)}")
-        print()
-    print(output.stats.format_table())
-    if args.method == "typical":
-        print("note: typical acceptance is lossy; this output is not a sample of the target")
+    _print_sequences(output, stream is not None, tokenizer, prompt_ids, args.method)
     if args.compare:
         baseline = target_generate(target, prompts, on_progress=_Progress("target-only"), **common)
-        print()
-        print(baseline.stats.format_table())
-        speedup = output.stats.tokens_per_s / baseline.stats.tokens_per_s
-        print(
-            f"\nwall-clock speedup: {speedup:.2f}x ({baseline.stats.tokens_per_s:.1f} tokens/s "
-            f"target-only -> {output.stats.tokens_per_s:.1f} tokens/s speculative; tokens per "
-            "second, since sampled runs may stop at EOS after different lengths)"
-        )
+        _print_speedup(output, baseline)
     if args.plot:
         _plot_acceptance(output.stats, args.plot)
         print(f"acceptance by position saved to {args.plot}")

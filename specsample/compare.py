@@ -5,7 +5,8 @@ position and on the previous token; the pair for a shorter ``k`` is the first ``
 positions of the longest) and each draft length ``k``, one set of chains is
 drafted and verified by every chain rule (token-by-token, block, typical acceptance); a
 tree of i.i.d. children (``branching`` per node, ``k`` levels, drafted from the same draft
-rows) is verified by the exact multi-draft rule. The mean number of tokens emitted per step
+rows) is verified by the exact rule for i.i.d. drafting (``"mss"``). The rule names are
+those of :mod:`specsample.methods`. The mean number of tokens emitted per step
 is reported with a 95% confidence interval, next to its exact value where it is known
 (token-by-token and block, from :meth:`specsample.testing.Family.accepted_length_law`).
 
@@ -25,18 +26,23 @@ from pathlib import Path
 
 import torch
 
+from specsample.methods import METHODS, chain_methods
 from specsample.rules.block import block_verify
 from specsample.rules.chain import chain_verify
-from specsample.rules.tree import tree_verify
+from specsample.rules.tree import Drafting, tree_method, tree_verify
 from specsample.rules.typical import typical_acceptance
 from specsample.testing import Family, draw_inputs, make_family
 
-__all__ = ["RULES", "RuleResult", "compare_rules", "format_comparison", "plot_comparison"]
+_TREE_DRAFTING: Drafting = "iid"
+_TREE_RULE = tree_method(_TREE_DRAFTING)
 
-RULES = ("chain", "block", "tree", "typical")
-"""Rules compared, in table order."""
+RULES = (
+    *chain_methods(),
+    _TREE_RULE,
+    *(name for name in chain_methods(lossy=True) if not METHODS[name].exact),
+)
+"""Rules compared, in table order: the exact chain rules, the tree rule, the lossy ones."""
 
-_EXACT = {"chain": True, "block": True, "tree": True, "typical": False}
 _ENUMERATION_LIMIT = 1 << 20
 
 
@@ -47,8 +53,9 @@ class RuleResult:
     Attributes
     ----------
     family, rule : str
+        The toy pair and the rule (a name of :data:`specsample.methods.METHODS`).
     k : int
-        Draft length (tree depth for ``"tree"``).
+        Draft length (tree depth for the tree rule).
     drafted : int
         Draft tokens per step (nodes for the tree).
     mean, half_width : float
@@ -101,6 +108,7 @@ def _tree_inputs(
 
 
 def _chain_rules(family: Family, rows: int, seed: int) -> dict[str, torch.Tensor]:
+    """``[rows]`` tokens emitted per step by every chain rule, on one set of chains."""
     inputs = draw_inputs(family, rows, seed)
     generator = torch.Generator().manual_seed(seed + 1)
     uniforms = torch.rand(rows, family.k + 1, dtype=torch.float64, generator=generator)
@@ -112,6 +120,39 @@ def _chain_rules(family: Family, rows: int, seed: int) -> dict[str, torch.Tensor
         "block": block_verify(*args, uniforms).num_accepted + 1,
         "typical": typical_acceptance(with_bonus, inputs.draft_token_ids).num_accepted + 1,
     }
+
+
+def _tree_rule(family: Family, rows: int, branching: int, seed: int) -> tuple[torch.Tensor, int]:
+    """``[rows]`` tokens emitted per step by the tree rule, and the nodes drafted per tree."""
+    generator = torch.Generator().manual_seed(seed + 2)
+    target, tokens, parents, draft = _tree_inputs(family, rows, branching, generator)
+    emitted = tree_verify(
+        target, tokens, parents, drafting=_TREE_DRAFTING, draft_probs=draft, generator=generator
+    ).num_emitted
+    return emitted, tokens.shape[1] - 1
+
+
+def _theory(family: Family, rule: str) -> float:
+    """Exact mean tokens per step of ``rule``; ``nan`` where unknown or too costly."""
+    k = family.k
+    if rule == "chain" or (rule == "block" and family.vocab**k <= _ENUMERATION_LIMIT):
+        lengths = torch.arange(k + 1, dtype=torch.float64)
+        return float((family.accepted_length_law(rule) * lengths).sum()) + 1.0
+    return math.nan
+
+
+def _family_results(family: Family, rows: int, branching: int, seed: int) -> list[RuleResult]:
+    """One :class:`RuleResult` per rule of :data:`RULES` on ``family``."""
+    emitted = _chain_rules(family, rows, seed)
+    emitted[_TREE_RULE], nodes = _tree_rule(family, rows, branching, seed)
+    results = []
+    for rule in RULES:
+        mean, half = _summary(emitted[rule])
+        drafted = nodes if METHODS[rule].drafts == "tree" else family.k
+        theory = _theory(family, rule)
+        exact = METHODS[rule].exact
+        results.append(RuleResult(family.name, rule, family.k, drafted, mean, half, theory, exact))
+    return results
 
 
 def compare_rules(
@@ -142,39 +183,33 @@ def compare_rules(
 
     Returns
     -------
-    list[RuleResult]
+    list of RuleResult
+        One per family, draft length and rule of :data:`RULES`, in that order.
+
+    Raises
+    ------
+    ValueError
+        ``rows`` is below 2, ``branching`` below 1, ``ks`` is empty or holds a length below
+        1, or a family name is unknown.
 
     Examples
     --------
     >>> rows = compare_rules(["random"], [2], rows=500)
     >>> [r.rule for r in rows], rows[0].drafted
-    (['chain', 'block', 'tree', 'typical'], 2)
+    (['chain', 'block', 'mss', 'typical'], 2)
     """
     if rows < 2:
         raise ValueError(f"rows must be >= 2, got {rows}")
     if branching < 1:
         raise ValueError(f"branching must be >= 1, got {branching}")
-    if any(k < 1 for k in ks):
-        raise ValueError(f"every k must be >= 1, got {list(ks)}")
+    if not ks or any(k < 1 for k in ks):
+        raise ValueError(f"ks must hold draft lengths, and every k must be >= 1, got {list(ks)}")
     results = []
     for name in families:
         largest = make_family(name, k=max(ks), vocab=vocab, seed=seed)
         for k in ks:
             family = Family(name, largest.target[: k + 1], largest.draft[:k], largest.start)
-            emitted = _chain_rules(family, rows, seed)
-            generator = torch.Generator().manual_seed(seed + 2)
-            target, tokens, parents, draft = _tree_inputs(family, rows, branching, generator)
-            emitted["tree"] = tree_verify(
-                target, tokens, parents, drafting="iid", draft_probs=draft, generator=generator
-            ).num_emitted
-            lengths = torch.arange(k + 1, dtype=torch.float64)
-            for rule in RULES:
-                theory = math.nan
-                if rule == "chain" or (rule == "block" and vocab**k <= _ENUMERATION_LIMIT):
-                    theory = float((family.accepted_length_law(rule) * lengths).sum()) + 1.0
-                mean, half = _summary(emitted[rule])
-                drafted = tokens.shape[1] - 1 if rule == "tree" else k
-                results.append(RuleResult(name, rule, k, drafted, mean, half, theory, _EXACT[rule]))
+            results += _family_results(family, rows, branching, seed)
     return results
 
 
@@ -218,7 +253,8 @@ def plot_comparison(results: Sequence[RuleResult], path: str | Path) -> Path:
             points = [r for r in results if r.family == family and r.rule == rule]
             if not points:
                 continue
-            label = rule if _EXACT[rule] else f"{rule} (lossy)"
+            exact = METHODS[rule].exact
+            label = rule if exact else f"{rule} (lossy)"
             axis.errorbar(
                 [r.k for r in points],
                 [r.mean for r in points],
@@ -226,7 +262,7 @@ def plot_comparison(results: Sequence[RuleResult], path: str | Path) -> Path:
                 marker="o",
                 capsize=3,
                 label=label,
-                linestyle="--" if not _EXACT[rule] else "-",
+                linestyle="--" if not exact else "-",
             )
         axis.set_title(family)
         axis.set_xticks(sorted({r.k for r in results}))

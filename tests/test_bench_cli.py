@@ -1,7 +1,8 @@
 """The benchmark harness and the ``specsample`` command line, on tiny shapes.
 
 Nothing here asserts on timings: they depend on the machine and its load. The cache flush
-is shrunk to 1 MiB so that every test runs in well under a second or two.
+is shrunk to 1 MiB so that every test runs in well under a second or two. The ``generate``
+command runs on tiny random Llama models saved here (never downloaded).
 """
 
 from __future__ import annotations
@@ -9,12 +10,15 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from specsample import bench, cli
+from specsample import bench, cli, models
+from specsample.bench import runner
+from specsample.bench.contestants import _transformers_call
 from specsample.cli import main
 
 TINY = (2, 2, 64)
@@ -22,7 +26,7 @@ TINY = (2, 2, 64)
 
 @pytest.fixture
 def small_flush(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench, "cache_flush_bytes", lambda device: 2**20)
+    monkeypatch.setattr(runner, "cache_flush_bytes", lambda device: 2**20)
 
 
 def _tiny_rows() -> list[dict[str, Any]]:
@@ -135,7 +139,7 @@ def test_transformers_adapter_calls_one_sequence_at_a_time() -> None:
         seen.append((*map(tuple, shapes[:2]), candidate_length, tuple(shapes[2])))
         return candidate_input_ids, torch.tensor(0), new_logits.softmax(-1)
 
-    call = bench._transformers_call(current, inputs)
+    call = _transformers_call(current, inputs)
     assert call is not None
     results = call()
     assert isinstance(results, list) and len(results) == 3
@@ -155,7 +159,7 @@ def test_transformers_adapter_calls_one_sequence_at_a_time() -> None:
         assert last_assistant_token_is_eos is False and max_matches == 2
         return candidate_input_ids, torch.tensor(0)
 
-    older_call = bench._transformers_call(older, inputs)
+    older_call = _transformers_call(older, inputs)
     assert older_call is not None
     older_results = older_call()
     assert isinstance(older_results, list) and len(older_results) == 3
@@ -169,7 +173,7 @@ def test_transformers_adapter_calls_one_sequence_at_a_time() -> None:
     ) -> None:
         return None
 
-    assert bench._transformers_call(unknown, inputs) is None
+    assert _transformers_call(unknown, inputs) is None
 
 
 def test_parse_shape() -> None:
@@ -238,3 +242,144 @@ def test_python_dash_m_specsample() -> None:
         [sys.executable, "-m", "specsample", "--help"], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0 and "usage: specsample" in done.stdout
+
+
+# --------------------------------------------------------------------------- generate
+
+VOCAB = 64
+WORDS = ["[UNK]", "</s>"] + [f"w{i}" for i in range(VOCAB - 2)]
+
+
+def _save_tokenizer(directory: Path, words: list[str]) -> None:
+    transformers = pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+
+    level = tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]")
+    tok = tokenizers.Tokenizer(level)
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", eos_token="</s>"
+    )
+    fast.save_pretrained(directory)
+
+
+def _tiny_llama(layers: int) -> Any:
+    """A random Llama over ``WORDS`` (float32, eval mode)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.2,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A target, a draft and a model with a different tokenizer, saved with their tokenizers."""
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("models")
+    dirs = {name: root / name for name in ("target", "draft", "other")}
+    draft = _tiny_llama(1)
+    for name, model in (("target", _tiny_llama(2)), ("draft", draft), ("other", draft)):
+        model.save_pretrained(dirs[name])
+    _save_tokenizer(dirs["target"], WORDS)
+    _save_tokenizer(dirs["draft"], WORDS)
+    _save_tokenizer(dirs["other"], list(reversed(WORDS)))
+    return dirs
+
+
+def test_cli_generate_streams_and_compares(model_dirs, capsys, tmp_path) -> None:
+    plot = tmp_path / "acceptance.png"
+    status = main(
+        [
+            "generate",
+            "w1 w2 w3 w4",
+            "--target",
+            str(model_dirs["target"]),
+            "--draft",
+            str(model_dirs["draft"]),
+            "-k",
+            "3",
+            "--max-new-tokens",
+            "12",
+            "--compare",
+            "--plot",
+            str(plot),
+        ]
+    )
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert "w" in captured.out.splitlines()[0]
+    assert "acceptance by position" in captured.out
+    assert "target-only" in captured.out and "speedup" in captured.out
+    assert plot.stat().st_size > 0
+
+
+def test_cli_generate_ngram_batch(model_dirs, capsys) -> None:
+    status = main(
+        [
+            "generate",
+            "w1 w2 w1 w2 w1",
+            "--target",
+            str(model_dirs["target"]),
+            "--ngram",
+            "--batch-size",
+            "3",
+            "--temperature",
+            "1.0",
+            "--top-p",
+            "0.9",
+            "--seed",
+            "4",
+            "--max-new-tokens",
+            "8",
+        ]
+    )
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert captured.out.count("[") >= 3
+    assert "n-gram" in captured.out
+
+
+def test_cli_plot_without_matplotlib(model_dirs, capsys, monkeypatch, tmp_path) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    args = ["generate", "w1 w2", "--target", str(model_dirs["target"]), "--ngram"]
+    assert main([*args, "--max-new-tokens", "2", "--plot", str(tmp_path / "a.png")]) == 1
+    assert "--plot needs matplotlib" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--draft", "{other}"], "tokenizers differ"),
+        (["--draft", "{missing}"], "does not exist"),
+        (["--draft", "{draft}", "--method", "block", "--ngram"], "not both"),
+        (["--draft", "{draft}", "-k", "0"], "positive"),
+    ],
+)
+def test_cli_generate_errors(model_dirs, capsys, tmp_path, extra, message) -> None:
+    fill = {"other": model_dirs["other"], "draft": model_dirs["draft"], "missing": tmp_path / "x"}
+    args = ["generate", "w1 w2", "--target", str(model_dirs["target"])]
+    args += [a.format(**fill) for a in extra]
+    assert main(args) != 0
+    assert message in capsys.readouterr().err
+
+
+def test_cli_generate_needs_a_pair(model_dirs, capsys, monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(models, "DEFAULT_DIR", tmp_path / "none")
+    assert main(["generate", "w1"]) == 1
+    assert "no default model pair is installed" in capsys.readouterr().err
+    target = ["--target", str(model_dirs["target"]), "--ngram"]
+    assert main(["generate", "   ", *target]) == 1
+    assert "empty" in capsys.readouterr().err
+    assert main(["generate", " ".join(["w1"] * 300), *target]) == 1
+    assert "context" in capsys.readouterr().err

@@ -13,9 +13,9 @@ false-failure rate is below 1e-4.
 from __future__ import annotations
 
 import copy
+import itertools
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,17 +24,21 @@ import torch
 transformers = pytest.importorskip("transformers")
 scipy_stats = pytest.importorskip("scipy.stats")
 
-from specsample.cli import main  # noqa: E402
+from specsample.api import verify  # noqa: E402
 from specsample.generate import (  # noqa: E402
     DecodeState,
     GenerationStats,
     ModelDrafter,
     NGramDrafter,
+    SamplingState,
     hf,
     speculative_generate,
     target_generate,
 )
+from specsample.generate import batch as batch_module  # noqa: E402
+from specsample.generate.state import DRAFT_STRIDE  # noqa: E402
 from specsample.probs import processed_probs  # noqa: E402
+from specsample.random import Stream, counter_uniform  # noqa: E402
 
 VOCAB = 64
 JOINT_ROWS = 40_000
@@ -275,7 +279,7 @@ def chi_square_pvalue(sequences: list[list[int]], joint: torch.Tensor) -> float:
     return float(scipy_stats.chisquare(obs.numpy(), exp.numpy()).pvalue)
 
 
-JOINT_CASES = {
+JOINT_CASES: dict[str, dict[str, Any]] = {
     "target-only": {},
     "draft-chain": {"drafter": "model", "k": 2, "method": "chain"},
     "draft-block": {"drafter": "model", "k": 2, "method": "block"},
@@ -305,7 +309,8 @@ def test_first_two_tokens_follow_the_target_joint(pair32, case) -> None:
     spec = dict(JOINT_CASES[case])
     prompt = spec.pop("prompt", JOINT_PROMPT)
     drafter = spec.pop("drafter", None)
-    params = {name: spec.pop(name) for name in ("temperature", "top_k", "top_p") if name in spec}
+    names = ("temperature", "top_k", "top_p")
+    params: dict[str, Any] = {name: spec.pop(name) for name in names if name in spec}
     params.setdefault("temperature", 1.0)
     common: dict[str, Any] = {
         "max_new_tokens": 2,
@@ -419,13 +424,72 @@ def test_validation_errors(pair) -> None:
     with pytest.raises(ValueError, match="outside"):
         target_generate(target, [[VOCAB]])
     with pytest.raises(TypeError, match="prompts"):
-        target_generate(target, "hello")
+        target_generate(target, "hello")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="drafter"):
         speculative_generate(target, PROMPTS, object())
     with pytest.raises(ValueError, match="max_new_tokens"):
         target_generate(target, PROMPTS, max_new_tokens=0)
     with pytest.raises(ValueError, match="seeds"):
         target_generate(target, PROMPTS, seeds=[1, 2])
+    with pytest.raises(ValueError, match="k must be <= 255"):
+        speculative_generate(target, PROMPTS, draft, k=256)
+    with pytest.raises(TypeError, match="method must be a str"):
+        speculative_generate(target, PROMPTS, draft, method=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="top_p"):
+        target_generate(target, PROMPTS, temperature=1.0, top_p=[0.5, 0.5, 0.5, 0.5, 0.0])
+
+
+def test_sampling_state_streams_and_processing() -> None:
+    cpu = torch.device("cpu")
+    positions = torch.tensor([9, 9, 10])
+    state = SamplingState.build(3, cpu, temperature=1.0, seeds=[4, None, 4])
+    u = state.draft_uniforms(positions, 3)
+    counters = positions.unsqueeze(1) * DRAFT_STRIDE + torch.arange(3)
+    assert torch.equal(
+        u[[0, 2]], counter_uniform(torch.tensor([4, 4]), counters[[0, 2]], Stream.DRAFT)
+    )
+    assert not torch.equal(u[0], u[2])  # the next position reads a stripe of its own
+    alone = SamplingState.build(1, cpu, temperature=1.0, seeds=[4]).draft_uniforms(positions[:1], 3)
+    assert torch.equal(alone, u[:1])
+    unseeded = [
+        SamplingState.build(
+            n, cpu, temperature=1.0, seeds=seeds, generator=torch.Generator().manual_seed(1)
+        )
+        for n, seeds in ((1, None), (3, [4, None, 4]))
+    ]
+    assert torch.equal(
+        unseeded[0].draft_uniforms(positions[:1], 2), unseeded[1].draft_uniforms(positions, 2)[1:2]
+    )
+    mixed = SamplingState.build(2, cpu, temperature=[0.0, 0.5], top_k=[0, 2], seeds=[None, 3])
+    logits = torch.randn(2, 3, VOCAB, generator=torch.Generator().manual_seed(0))
+    expected = processed_probs(
+        logits.reshape(6, VOCAB),
+        torch.tensor([0.0] * 3 + [0.5] * 3),
+        top_k=torch.tensor([0] * 3 + [2] * 3),
+    )
+    assert torch.equal(mixed.probs(logits), expected.reshape(2, 3, VOCAB))
+    kept = mixed.rows([1])
+    assert kept.values.temperature.tolist() == [0.5] and kept.seeds == [3]
+    assert kept.seeding.seeds is not None and kept.seeding.seeds.tolist() == [3]
+
+
+def test_loop_keys_randomness_by_absolute_position(pair, monkeypatch) -> None:
+    target, draft = pair
+    seen: list[list[int]] = []
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["positions"].tolist())
+        return verify(*args, **kwargs)
+
+    monkeypatch.setattr(batch_module, "verify", spy)
+    out = speculative_generate(
+        target, [[1, 2, 3], [4]], draft, k=2, temperature=1.0, max_new_tokens=6, seeds=1
+    )
+    assert seen[0] == [3, 1]  # the first draft's position: the prompt lengths
+    both = [step for step in seen if len(step) == 2]
+    for before, after in itertools.pairwise(both):
+        assert after[0] > before[0] and after[1] > before[1]
+    assert [len(s) for s in out.sequences] == [6, 6]
 
 
 def test_masked_cache_check(pair) -> None:
@@ -458,119 +522,3 @@ def test_import_without_transformers() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
-
-
-# --------------------------------------------------------------------------- command line
-
-WORDS = ["[UNK]", "</s>"] + [f"w{i}" for i in range(VOCAB - 2)]
-
-
-def _save_tokenizer(directory: Path, words: list[str]) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="[UNK]", eos_token="</s>"
-    )
-    fast.save_pretrained(directory)
-
-
-@pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory: pytest.TempPathFactory, pair32) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("models")
-    dirs = {name: root / name for name in ("target", "draft", "other")}
-    for name, model in (("target", pair32[0]), ("draft", pair32[1]), ("other", pair32[1])):
-        model.save_pretrained(dirs[name])
-    _save_tokenizer(dirs["target"], WORDS)
-    _save_tokenizer(dirs["draft"], WORDS)
-    _save_tokenizer(dirs["other"], list(reversed(WORDS)))
-    return dirs
-
-
-def test_cli_generate_streams_and_compares(model_dirs, capsys, tmp_path) -> None:
-    plot = tmp_path / "acceptance.png"
-    status = main(
-        [
-            "generate",
-            "w1 w2 w3 w4",
-            "--target",
-            str(model_dirs["target"]),
-            "--draft",
-            str(model_dirs["draft"]),
-            "-k",
-            "3",
-            "--max-new-tokens",
-            "12",
-            "--compare",
-            "--plot",
-            str(plot),
-        ]
-    )
-    captured = capsys.readouterr()
-    assert status == 0, captured.err
-    assert "w" in captured.out.splitlines()[0]
-    assert "acceptance by position" in captured.out
-    assert "target-only" in captured.out and "speedup" in captured.out
-    assert plot.stat().st_size > 0
-
-
-def test_cli_generate_ngram_batch(model_dirs, capsys) -> None:
-    status = main(
-        [
-            "generate",
-            "w1 w2 w1 w2 w1",
-            "--target",
-            str(model_dirs["target"]),
-            "--ngram",
-            "--batch-size",
-            "3",
-            "--temperature",
-            "1.0",
-            "--top-p",
-            "0.9",
-            "--seed",
-            "4",
-            "--max-new-tokens",
-            "8",
-        ]
-    )
-    captured = capsys.readouterr()
-    assert status == 0, captured.err
-    assert captured.out.count("[") >= 3
-    assert "n-gram" in captured.out
-
-
-def test_cli_plot_without_matplotlib(model_dirs, capsys, monkeypatch, tmp_path) -> None:
-    monkeypatch.setitem(sys.modules, "matplotlib", None)
-    args = ["generate", "w1 w2", "--target", str(model_dirs["target"]), "--ngram"]
-    assert main([*args, "--max-new-tokens", "2", "--plot", str(tmp_path / "a.png")]) == 1
-    assert "--plot needs matplotlib" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        (["--draft", "{other}"], "tokenizers differ"),
-        (["--draft", "{missing}"], "does not exist"),
-        (["--draft", "{draft}", "--method", "block", "--ngram"], "not both"),
-        (["--draft", "{draft}", "-k", "0"], "positive"),
-    ],
-)
-def test_cli_generate_errors(model_dirs, capsys, tmp_path, extra, message) -> None:
-    fill = {"other": model_dirs["other"], "draft": model_dirs["draft"], "missing": tmp_path / "x"}
-    args = ["generate", "w1 w2", "--target", str(model_dirs["target"])]
-    args += [a.format(**fill) for a in extra]
-    assert main(args) != 0
-    assert message in capsys.readouterr().err
-
-
-def test_cli_generate_needs_a_pair(model_dirs, capsys, monkeypatch, tmp_path) -> None:
-    monkeypatch.setattr(hf, "DEFAULT_PAIR_DIR", tmp_path / "none")
-    assert main(["generate", "w1"]) == 1
-    assert "no default model pair is installed" in capsys.readouterr().err
-    target = ["--target", str(model_dirs["target"]), "--ngram"]
-    assert main(["generate", "   ", *target]) == 1
-    assert "empty" in capsys.readouterr().err
-    assert main(["generate", " ".join(["w1"] * 300), *target]) == 1
-    assert "context" in capsys.readouterr().err

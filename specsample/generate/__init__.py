@@ -11,25 +11,13 @@ report :class:`GenerationStats`.
 ``transformers`` is needed to run a model but is imported only when one is used.
 """
 
-from specsample.generate.drafters import (
-    DecodeState,
-    Drafter,
-    ModelDrafter,
-    NGramDrafter,
-    Prefill,
-    Proposal,
-    SamplingState,
-)
-from specsample.generate.loop import (
-    GENERATE_METHODS,
-    GenerationOutput,
-    speculative_generate,
-    target_generate,
-)
+from specsample.generate.drafters import Drafter, ModelDrafter, Proposal
+from specsample.generate.loop import GenerationOutput, speculative_generate, target_generate
+from specsample.generate.ngram import NGramDrafter
+from specsample.generate.state import DecodeState, Prefill, SamplingState
 from specsample.generate.stats import GenerationStats
 
 __all__ = [
-    "GENERATE_METHODS",
     "DecodeState",
     "Drafter",
     "GenerationOutput",

@@ -28,18 +28,7 @@ from typing import Any
 
 import torch
 
-__all__ = [
-    "DEFAULT_PAIR_DIR",
-    "CachedLM",
-    "check_masked_cache",
-    "check_same_tokenizer",
-    "default_pair",
-    "load_model",
-    "load_tokenizer",
-]
-
-DEFAULT_PAIR_DIR = Path(__file__).resolve().parent.parent / "models" / "default"
-"""Where a default target/draft pair is installed (``target/`` and ``draft/``)."""
+from specsample import models
 
 _CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
 """Models that passed :func:`check_masked_cache` (checked once per model object)."""
@@ -386,9 +375,16 @@ def check_same_tokenizer(
 def default_pair() -> tuple[Path, Path] | None:
     """The installed default ``(target, draft)`` directories, or ``None`` when there is none.
 
-    A model directory counts as installed when it holds a ``config.json``.
+    They live under :data:`specsample.models.DEFAULT_DIR`; a model directory counts as
+    installed when it holds a ``config.json``.
+
+    Examples
+    --------
+    >>> pair = default_pair()
+    >>> pair is None or [p.name for p in pair] == ["target", "draft"]
+    True
     """
-    target, draft = DEFAULT_PAIR_DIR / "target", DEFAULT_PAIR_DIR / "draft"
+    target, draft = models.DEFAULT_DIR / "target", models.DEFAULT_DIR / "draft"
     if (target / "config.json").is_file() and (draft / "config.json").is_file():
         return target, draft
     return None

@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["GenerationStats"]
-
 
 @dataclass(frozen=True)
 class GenerationStats:

@@ -12,9 +12,12 @@ from pathlib import Path
 __all__ = ["DEFAULT_DIR", "MODEL_NAMES", "default_model_dir"]
 
 DEFAULT_DIR = Path(__file__).resolve().parent / "default"
-"""Directory holding the ``target`` and ``draft`` model directories."""
+"""Directory holding the ``target`` and ``draft`` model directories: the one place the default
+pair is looked for (:func:`default_model_dir`, :func:`specsample.generate.hf.default_pair`, the
+``generate`` command)."""
 
 MODEL_NAMES = ("target", "draft")
+"""The models of the default pair."""
 
 
 def default_model_dir(name: str) -> Path:
@@ -26,6 +29,11 @@ def default_model_dir(name: str) -> Path:
         ``name`` is neither ``"target"`` nor ``"draft"``.
     FileNotFoundError
         The model directory (or its ``config.json``) is missing from this installation.
+
+    Examples
+    --------
+    >>> default_model_dir("draft").relative_to(DEFAULT_DIR).as_posix()
+    'draft'
     """
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown default model {name!r}; expected 'target' or 'draft'")

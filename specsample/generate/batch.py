@@ -1,0 +1,299 @@
+"""One batch of prompts decoded to the end: the steps of the loop (see :mod:`.loop`).
+
+A step drafts ``k`` tokens per active sequence, scores them with one target forward over
+``k + 1`` slots, verifies them, appends the emitted tokens (masking the slots of rejected
+drafts), and retires the sequences that finished. Its only host synchronisation is one small
+transfer deciding termination (plus the new tokens when ``on_tokens`` streams them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from specsample.api import verify
+from specsample.generate.drafters import Drafter
+from specsample.generate.hf import CachedLM
+from specsample.generate.state import DecodeState, Prefill, SamplingState
+from specsample.generate.stats import GenerationStats
+from specsample.rules.typical import typical_acceptance
+
+TokenCallback = Callable[[int, list[int]], None]
+"""``on_tokens(sequence_index, new_token_ids)``, called every step a sequence grows."""
+
+ProgressCallback = Callable[[int, int, int], None]
+"""``on_progress(finished_sequences, total_sequences, tokens_generated)``, every step."""
+
+
+class Run:
+    """One call's fixed configuration, and its progress over the batches.
+
+    Parameters
+    ----------
+    lm : CachedLM
+        The target.
+    drafter : Drafter or None
+        ``None``: target-only decoding (``k`` is then 0).
+    k : int
+        Drafts per step.
+    method : str
+        Verification rule (a name of :func:`specsample.methods.chain_methods`).
+    sampling : SamplingState
+        The parameters of every prompt of the call.
+    eos : list of int
+        End-of-sequence ids.
+    on_tokens, on_progress : callable or None
+        The callbacks.
+    """
+
+    def __init__(
+        self,
+        lm: CachedLM,
+        drafter: Drafter | None,
+        k: int,
+        method: str,
+        sampling: SamplingState,
+        eos: list[int],
+        on_tokens: TokenCallback | None,
+        on_progress: ProgressCallback | None,
+    ) -> None:
+        self.lm = lm
+        self.drafter = drafter
+        self.k = k
+        self.method = method
+        self.sampling = sampling
+        self.eos = torch.tensor(eos, dtype=torch.int64, device=lm.device) if eos else None
+        self.on_tokens = on_tokens
+        self.on_progress = on_progress
+        self.finished = 0
+        self.tokens = 0
+
+
+def _prefill(state: DecodeState) -> Prefill:
+    """Every prompt but its last token, left-padded to a common width (read from ``state``)."""
+    width = state.max_length - 1
+    cols = torch.arange(width, device=state.tokens.device)
+    index = cols - (width + 1 - state.lengths).unsqueeze(1)
+    real = index >= 0
+    index.clamp_(min=0)
+    ids = state.tokens[:, :width].gather(1, index).masked_fill_(~real, 0)
+    return Prefill(ids, real.to(torch.int64), index)
+
+
+def _typical(
+    logits: torch.Tensor, drafts: torch.Tensor, sampling: SamplingState
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Typical acceptance of one step (LOSSY): ``[batch, k + 1]`` tokens, ``[batch]`` emitted.
+
+    ``logits`` is ``[batch, k + 1, vocab]``. The target rows get the requests' processing
+    first (greedy rows become one-hot, so a greedy request accepts exactly the drafts equal to
+    the target argmax).
+    """
+    out = typical_acceptance(sampling.probs(logits), drafts)
+    return out.token_ids, out.num_accepted + 1
+
+
+def _stream(
+    on_tokens: TokenCallback, rows: list[int], take: torch.Tensor, new: torch.Tensor
+) -> None:
+    """Hand every sequence's new tokens (``take [batch]`` of ``new [batch, k + 1]``) over."""
+    for row, values in zip(rows, torch.cat([take.unsqueeze(1), new], dim=1).tolist(), strict=True):
+        if values[0]:
+            on_tokens(row, values[1 : 1 + values[0]])
+
+
+class _Batch:
+    """One batch of prompts being decoded: its tokens, sampling, limits and counters."""
+
+    def __init__(
+        self, run: Run, prompts: list[list[int]], indices: range, budgets: list[int]
+    ) -> None:
+        device = run.lm.device
+        lengths = [len(p) for p in prompts]
+        capacity = max(lengths) + max(budgets) + run.k + 2
+        tokens = torch.tensor([p + [0] * (capacity - len(p)) for p in prompts], dtype=torch.int64)
+        self.run = run
+        self.state = DecodeState(
+            tokens.to(device), torch.tensor(lengths, device=device), max(lengths), run.lm.vocab_size
+        )
+        self.prompt_lengths = self.state.lengths.clone()
+        self.budget = torch.tensor(budgets, dtype=torch.int64, device=device)
+        self.sampling = run.sampling.rows(indices)
+        self.rows = list(indices)
+        self.size = len(prompts)
+        self.cols = torch.arange(run.k + 1, device=device)
+        self.counts = torch.zeros(run.k + 1, dtype=torch.int64, device=device)
+        self.method = run.method if run.k else "chain"
+        self.steps = self.forwards = self.generated = 0
+
+    def prefill(self) -> None:
+        """Feed every prompt but its last token to the target and to the drafter."""
+        prefill = _prefill(self.state)
+        lm = self.run.lm
+        lm.reset(self.state.batch)
+        if prefill.input_ids.shape[1]:
+            lm.forward(prefill.input_ids, prefill.position_ids, valid=prefill.attention_mask)
+        if self.run.drafter is not None:
+            self.run.drafter.start(prefill, self.state)
+
+    def step(self, results: list[list[int]]) -> None:
+        """Draft, score, verify and commit one step of every active sequence."""
+        drafts, probs = self._propose()
+        new, emitted = self._verify(self._score(drafts), drafts, probs)
+        take, finished = self._commit(new, emitted)
+        any_finished = self._synchronise(take, finished)
+        if self.run.on_tokens is not None:
+            _stream(self.run.on_tokens, self.rows, take, new)
+        if self.run.drafter is not None:
+            self.run.drafter.update(emitted - 1, self.state)
+        if any_finished:
+            self._retire(finished, results)
+        self.run.lm.maybe_compact(self.state.max_length)
+
+    def _propose(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``[batch, k]`` drafts and their ``[batch, k, vocab]`` distributions (or ``None``)."""
+        drafter = self.run.drafter
+        if drafter is None:
+            device = self.state.tokens.device
+            return torch.zeros(self.state.batch, 0, dtype=torch.int64, device=device), None
+        proposal = drafter.propose(self.state, self.run.k, self.sampling)
+        return proposal.token_ids, proposal.probs
+
+    def _score(self, drafts: torch.Tensor) -> torch.Tensor:
+        """``[batch, k + 1, vocab]`` target logits of the last committed token and the drafts."""
+        state = self.state
+        inputs = torch.cat([state.last_tokens().unsqueeze(1), drafts], dim=1)
+        positions = (state.lengths - 1).unsqueeze(1) + self.cols
+        return self.run.lm.forward(inputs, positions, keep=self.run.k + 1)
+
+    def _verify(
+        self, logits: torch.Tensor, drafts: torch.Tensor, probs: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[batch, k + 1]`` emitted tokens (then -1) and ``[batch]`` how many were emitted.
+
+        Randomness is keyed by each sequence's seed and absolute position (its length).
+        """
+        if self.method == "typical":
+            return _typical(logits, drafts, self.sampling)
+        size, slots, vocab = logits.shape
+        out = verify(
+            logits.reshape(size * slots, vocab),
+            drafts.reshape(-1),
+            [slots - 1] * size,
+            draft_probs=None if probs is None else probs.reshape(size * (slots - 1), vocab),
+            positions=self.state.lengths,
+            method=self.method,
+            **self.sampling.verify_kwargs(),  # type: ignore[arg-type]
+        )
+        return out.token_ids, out.num_emitted
+
+    def _commit(
+        self, new: torch.Tensor, emitted: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the emitted tokens up to EOS and the budget: ``[batch]`` taken, finished."""
+        state, cols, eos = self.state, self.cols, self.run.eos
+        self.run.lm.set_tail_valid(cols < emitted.unsqueeze(1))
+        state.tokens.scatter_(1, state.lengths.unsqueeze(1) + cols, new.clamp(min=0))
+        allowed = self.budget - (state.lengths - self.prompt_lengths)
+        take = torch.minimum(emitted, allowed)
+        finished = take == allowed
+        if eos is not None:
+            hit = torch.isin(new, eos) & (cols < emitted.unsqueeze(1))
+            first = hit.to(torch.int64).argmax(dim=1) + 1
+            stop = torch.where(hit.any(dim=1), first, cols.numel() + 1)
+            finished |= stop <= take
+            take = torch.minimum(take, stop)
+        state.lengths = state.lengths + take
+        self.counts.scatter_add_(0, emitted - 1, torch.ones_like(emitted))
+        return take, finished
+
+    def _synchronise(self, take: torch.Tensor, finished: torch.Tensor) -> bool:
+        """The step's one host transfer: update the counters; whether any sequence finished."""
+        any_finished, longest, step_tokens = torch.stack(
+            [finished.any().to(torch.int64), self.state.lengths.max(), take.sum()]
+        ).tolist()
+        self.steps += 1
+        self.forwards += len(self.rows)
+        self.generated += step_tokens
+        self.run.tokens += step_tokens
+        self.state.max_length = longest
+        return bool(any_finished)
+
+    def _retire(self, finished: torch.Tensor, results: list[list[int]]) -> None:
+        """Store the outputs of the finished sequences (``[batch]`` bool) and drop them."""
+        done = finished.nonzero().squeeze(1).tolist()
+        ends = self.state.lengths.tolist()
+        starts = self.prompt_lengths.tolist()
+        sequences = self.state.tokens[finished].tolist()
+        for position, row in enumerate(done):
+            results[self.rows[row]] = sequences[position][starts[row] : ends[row]]
+        self.run.finished += len(done)
+        gone = set(done)
+        kept = [position for position in range(len(self.rows)) if position not in gone]
+        self.rows = [self.rows[position] for position in kept]
+        if not kept:
+            return
+        index = torch.tensor(kept, dtype=torch.int64).to(self.state.tokens.device)
+        self.run.lm.select(index)
+        if self.run.drafter is not None:
+            self.run.drafter.select(index)
+        self.state.select(index)
+        self.sampling = self.sampling.rows(kept)
+        self.prompt_lengths = self.prompt_lengths[index]
+        self.budget = self.budget[index]
+
+    def stats(self, wall_time_s: float) -> GenerationStats:
+        """The batch's counters."""
+        run = self.run
+        speculative = run.drafter is not None
+        return GenerationStats(
+            mode="speculative" if speculative else "target-only",
+            drafter=run.drafter.name if run.drafter is not None else None,
+            method=run.method if speculative else None,
+            k=run.k,
+            sequences=self.size,
+            tokens=self.generated,
+            wall_time_s=wall_time_s,
+            steps=self.steps,
+            sequence_forwards=self.forwards,
+            accepted_counts=tuple(self.counts.tolist()) if speculative else (),
+        )
+
+
+def decode_batch(
+    run: Run,
+    prompts: list[list[int]],
+    indices: range,
+    budgets: list[int],
+    results: list[list[int]],
+) -> GenerationStats:
+    """Decode one batch of prompts to the end; write each output into ``results``.
+
+    Parameters
+    ----------
+    run : Run
+        The call's configuration.
+    prompts : list of list of int
+        The batch's prompts, those of ``indices``.
+    indices : range
+        The prompts' indices in the call (and in ``results``).
+    budgets : list of int
+        Most tokens each prompt may generate.
+    results : list of list of int
+        Where ``results[i]`` receives the tokens generated for prompt ``i``.
+
+    Returns
+    -------
+    GenerationStats
+        The batch's counters.
+    """
+    batch = _Batch(run, prompts, indices, budgets)
+    start = time.perf_counter()
+    batch.prefill()
+    while batch.rows:
+        batch.step(results)
+        if run.on_progress is not None:
+            run.on_progress(run.finished, run.sampling.batch, run.tokens)
+    return batch.stats(time.perf_counter() - start)

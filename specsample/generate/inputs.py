@@ -1,0 +1,143 @@
+"""Validation of what :func:`~specsample.generate.speculative_generate` is given.
+
+Each function checks one argument and returns it in the form the loop uses, raising a
+``TypeError`` or ``ValueError`` that names the argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def prompt_list(prompts: object) -> list[list[int]]:
+    """The prompts as lists of token ids (from a ``[batch, length]`` tensor or a sequence).
+
+    Examples
+    --------
+    >>> prompt_list(torch.tensor([[1, 2], [3, 4]]))
+    [[1, 2], [3, 4]]
+    """
+    if isinstance(prompts, torch.Tensor):
+        if prompts.dim() != 2 or prompts.dtype.is_floating_point:
+            raise ValueError(
+                "prompts must be a 2-D integer tensor [batch, length] or a sequence of token-id "
+                f"lists, got a tensor of shape {tuple(prompts.shape)} and dtype {prompts.dtype}"
+            )
+        return [[int(t) for t in row] for row in prompts.tolist()]
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        raise TypeError(
+            "prompts must be a sequence of token-id lists or a tensor, "
+            f"got {type(prompts).__name__}"
+        )
+    result = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, torch.Tensor):
+            prompt = prompt.tolist()
+        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
+            raise TypeError(
+                f"prompts[{i}] must be a sequence of token ids, got {type(prompt).__name__}"
+            )
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise TypeError(f"prompts[{i}] must hold int token ids")
+        result.append(list(prompt))
+    if not result:
+        raise ValueError("prompts must hold at least one prompt")
+    return result
+
+
+def check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
+    """``value`` if it is an int in ``[minimum, maximum]``, else raise naming ``name``.
+
+    Examples
+    --------
+    >>> check_int("k", 3, 1)
+    3
+    """
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+    return value
+
+
+def eos_ids(eos_token_id: int | Sequence[int] | None) -> list[int]:
+    """The end-of-sequence ids as a list (empty: no EOS).
+
+    Examples
+    --------
+    >>> eos_ids(2), eos_ids([2, 3]), eos_ids(None)
+    ([2], [2, 3], [])
+    """
+    if eos_token_id is None:
+        return []
+    if isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool):
+        return [eos_token_id]
+    if isinstance(eos_token_id, Sequence) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in eos_token_id
+    ):
+        return list(eos_token_id)
+    raise TypeError(
+        f"eos_token_id must be an int, a sequence of ints or None, got {eos_token_id!r}"
+    )
+
+
+def seed_list(seeds: int | Sequence[int | None] | None, count: int) -> list[int | None] | None:
+    """One seed (or ``None``) per prompt; an int ``s`` gives prompt ``i`` the seed ``s + i``.
+
+    Examples
+    --------
+    >>> seed_list(5, 3), seed_list([1, None], 2), seed_list(None, 2)
+    ([5, 6, 7], [1, None], None)
+    """
+    if seeds is None:
+        return None
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        if seeds < 0:
+            raise ValueError(f"seeds must be non-negative, got {seeds}")
+        return [seeds + i for i in range(count)]
+    if not isinstance(seeds, Sequence):
+        raise TypeError(
+            f"seeds must be an int, a sequence of (int or None), or None, got {seeds!r}"
+        )
+    values = list(seeds)
+    if len(values) != count:
+        raise ValueError(f"seeds must have one entry per prompt ({count}), got {len(values)}")
+    return values
+
+
+def token_budgets(
+    prompts: list[list[int]], max_new_tokens: int, vocab_size: int, context: int | None
+) -> list[int]:
+    """Tokens each prompt may generate: ``max_new_tokens``, or fewer where the context ends.
+
+    Raises
+    ------
+    ValueError
+        A prompt is empty, holds ids outside ``[0, vocab_size)`` or fills the context.
+
+    Examples
+    --------
+    >>> token_budgets([[1, 2], [3]], 8, 10, 6)
+    [4, 5]
+    """
+    check_int("max_new_tokens", max_new_tokens, 1)
+    budgets = []
+    for i, prompt in enumerate(prompts):
+        if not prompt:
+            raise ValueError(f"prompts[{i}] is empty: every prompt needs at least one token")
+        if min(prompt) < 0 or max(prompt) >= vocab_size:
+            raise ValueError(f"prompts[{i}] holds token ids outside [0, {vocab_size})")
+        if context is None:
+            budgets.append(max_new_tokens)
+            continue
+        if len(prompt) >= context:
+            raise ValueError(
+                f"prompts[{i}] has {len(prompt)} tokens but the target's context is {context} "
+                "positions: nothing can be generated"
+            )
+        budgets.append(min(max_new_tokens, context - len(prompt)))
+    return budgets
