@@ -17,36 +17,19 @@ Examples
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
 import torch
 
 from specsample import kernels
 from specsample.backends import eager, triton
-from specsample.metadata import BatchLayout
-from specsample.probs import RowStats
 from specsample.rules.chain import VerifyResult
 
 BACKENDS = ("auto", "torch", "triton")
 """The names :func:`resolve` accepts."""
 
 
-class LogitsStep(Protocol):
-    """The signature of a backend's ``verify_logits`` (see the eager one)."""
-
-    def __call__(
-        self,
-        target_logits: torch.Tensor,
-        draft_token_ids: torch.Tensor,
-        layout: BatchLayout,
-        stats: RowStats,
-        greedy: torch.Tensor,
-        uniforms: torch.Tensor | None,
-        *,
-        draft_probs: torch.Tensor | None = None,
-        draft_logits: torch.Tensor | None = None,
-        method: str = "chain",
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+LogitsStep = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+"""A backend's ``verify_logits`` (arguments of :func:`specsample.backends.eager.verify_logits`)."""
 
 
 def resolve(backend: object, tensor: torch.Tensor) -> str:

@@ -51,6 +51,34 @@ class Drafts(NamedTuple):
     target_rows: torch.Tensor
 
 
+class Step(NamedTuple):
+    """What the sampled rules read: the rows, the probabilities at the drafts, the uniforms.
+
+    Attributes
+    ----------
+    target : LogitRows
+        The processed target rows.
+    source : ProbRows or LogitRows or None
+        The draft rows (``None``: one-hot drafts).
+    q_at, p_at : torch.Tensor
+        ``[batch, max_drafts]`` float64 target and draft probabilities of the drafts.
+    uniforms : torch.Tensor
+        ``[batch, max_drafts + 1]`` float64.
+    layout : BatchLayout
+        The ragged layout.
+    drafts : Drafts
+        The padded drafts.
+    """
+
+    target: LogitRows
+    source: ProbRows | LogitRows | None
+    q_at: torch.Tensor
+    p_at: torch.Tensor
+    uniforms: torch.Tensor
+    layout: BatchLayout
+    drafts: Drafts
+
+
 def log_q(
     logits: torch.Tensor, stats: RowStats, rows: torch.Tensor, ids: torch.Tensor
 ) -> torch.Tensor:
@@ -163,23 +191,16 @@ def verify_logits(
         source, p_at = _draft_side(draft_probs, draft_logits, drafts)
         q_at = log_q(target_logits, stats, drafts.target_rows, drafts.safe_ids).exp().double()
         target = LogitRows(target_logits, *stats[:3])
-        step = _block_step if method == "block" and layout.total_drafts else _chain_step
-        sampled, drawn = step(target, source, q_at, p_at, uniforms, layout, drafts)
+        rule = _block_step if method == "block" and layout.total_drafts else _chain_step
+        sampled, drawn = rule(Step(target, source, q_at, p_at, uniforms, layout, drafts))
         num_accepted = torch.where(greedy, num_accepted, sampled)
         final = torch.where(greedy, final, drawn)
     return emit(drafts.ids, num_accepted, final), num_accepted
 
 
-def _chain_step(
-    target: LogitRows,
-    source: ProbRows | LogitRows | None,
-    q_at: torch.Tensor,
-    p_at: torch.Tensor,
-    uniforms: torch.Tensor,
-    layout: BatchLayout,
-    drafts: Drafts,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _chain_step(step: Step) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-by-token rule: accepted counts, and the residual or bonus draw after them."""
+    target, source, q_at, p_at, uniforms, layout, drafts = step
     num_accepted = count_accepted((uniforms[:, :-1] * p_at < q_at) & drafts.valid)
     last_row = max(target.logits.shape[0] - 1, 0)
     selected = target.select((layout.target_start + num_accepted).clamp_(max=last_row))
@@ -202,20 +223,13 @@ def _chain_step(
     return num_accepted, drawn
 
 
-def _block_step(
-    target: LogitRows,
-    source: ProbRows | LogitRows | None,
-    q_at: torch.Tensor,
-    p_at: torch.Tensor,
-    uniforms: torch.Tensor,
-    layout: BatchLayout,
-    drafts: Drafts,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _block_step(step: Step) -> tuple[torch.Tensor, torch.Tensor]:
     """Block rule: accepted lengths, and the draw at row ``tau`` (the bonus row if all pass).
 
     The block masses of every target row of the batch, bonus rows included, are computed
     once: the ``Z_i`` read the draft rows, and the final draw reuses the masses of row ``tau``.
     """
+    target, source, q_at, p_at, uniforms, layout, drafts = step
     if source is None:
         raise ValueError(
             "method='block' needs draft_probs or draft_logits: with one-hot drafts it accepts "

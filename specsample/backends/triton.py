@@ -8,6 +8,7 @@ tensors under Triton's interpreter (``TRITON_INTERPRET=1``, for tests).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -32,27 +33,13 @@ def verify_logits(
     draft_token_ids: torch.Tensor,
     layout: BatchLayout,
     stats: RowStats,
-    greedy: torch.Tensor,
-    uniforms: torch.Tensor | None,
-    *,
-    draft_probs: torch.Tensor | None = None,
-    draft_logits: torch.Tensor | None = None,
-    method: str = "chain",
+    *args: Any,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`specsample.backends.eager.verify_logits`, by the fused kernels."""
+    """:func:`specsample.backends.eager.verify_logits`, by the fused kernels (same arguments)."""
     if target_logits.shape[0] < layout.total_drafts + layout.batch:
         target_logits, stats = _with_spare_row(target_logits, stats)
-    return kernels.verify_logits(
-        target_logits,
-        draft_token_ids,
-        layout,
-        stats,
-        greedy,
-        uniforms,
-        draft_probs=draft_probs,
-        draft_logits=draft_logits,
-        method=method,
-    )
+    return kernels.verify_logits(target_logits, draft_token_ids, layout, stats, *args, **kwargs)
 
 
 def prob_rule(method: str) -> Callable[..., VerifyResult]:
