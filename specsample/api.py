@@ -40,7 +40,7 @@ from specsample.checks import (
 from specsample.metadata import BatchLayout, SamplingMetadata, Scalars
 from specsample.methods import chain_methods, check_method
 from specsample.probs import RowStats
-from specsample.random import Seeding
+from specsample.random import positions_from, seeding_from
 
 Ints = Sequence[int] | torch.Tensor
 Seeds = Sequence[int | None] | torch.Tensor
@@ -69,69 +69,6 @@ class VerifyOutput(NamedTuple):
     def num_emitted(self) -> torch.Tensor:
         """``[batch]`` int64: tokens emitted per request (accepted drafts plus one)."""
         return self.num_accepted + 1
-
-
-def _positions_tensor(
-    positions: Ints | None, batch: int, device: torch.device
-) -> torch.Tensor | None:
-    if positions is None:
-        return None
-    if not isinstance(positions, torch.Tensor):
-        positions = torch.tensor([int(p) for p in positions], dtype=torch.int64)
-    if (
-        positions.shape != (batch,)
-        or positions.dtype.is_floating_point
-        or positions.dtype == torch.bool
-    ):
-        raise ValueError(
-            f"positions must be integers of shape ({batch},), got {positions.dtype} "
-            f"of shape {tuple(positions.shape)}"
-        )
-    return positions.to(device=device, dtype=torch.int64, non_blocking=True)
-
-
-def _seed_values(seeds: Seeds | None, batch: int) -> list[int | None] | torch.Tensor | None:
-    """Host seeds validated (``None`` or -1: unseeded), or an integer tensor as it is."""
-    if seeds is None:
-        return None
-    if isinstance(seeds, torch.Tensor):
-        if seeds.shape != (batch,) or seeds.dtype.is_floating_point or seeds.dtype == torch.bool:
-            raise ValueError(
-                f"seeds must be an integer tensor of shape ({batch},), got {seeds.dtype} "
-                f"of shape {tuple(seeds.shape)}"
-            )
-        return seeds
-    values = [None if s is None else int(s) for s in seeds]
-    if len(values) != batch:
-        raise ValueError(f"seeds must have one entry per request ({batch}), got {len(values)}")
-    if any(v is not None and v < -1 for v in values):
-        raise ValueError("seeds must be non-negative (None or -1: unseeded)")
-    return values
-
-
-def seeding(
-    batch: int,
-    device: torch.device,
-    seeds: Seeds | None = None,
-    generators: Mapping[int, torch.Generator] | None = None,
-    generator: torch.Generator | None = None,
-) -> Seeding:
-    """Validate the randomness arguments of :func:`verify` and combine them.
-
-    Examples
-    --------
-    >>> seeding(2, torch.device("cpu"), seeds=[3, None]).seeds.tolist()
-    [3, -1]
-    """
-    if generators is not None and not isinstance(generators, Mapping):
-        raise TypeError(
-            f"generators must be a dict of row -> torch.Generator, got {type(generators).__name__}"
-        )
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    return Seeding.build(
-        batch, device, seeds=_seed_values(seeds, batch), generators=generators, generator=generator
-    )
 
 
 def verify(
@@ -257,8 +194,8 @@ def verify(
         target_logits,
         layout,
         sampling,
-        seeding(layout.batch, device, seeds, generators, generator),
-        positions=_positions_tensor(positions, layout.batch, device),
+        seeding_from(layout.batch, device, seeds=seeds, generators=generators, generator=generator),
+        positions=positions_from(positions, layout.batch, device),
         uniforms=uniforms,
         need_norm=return_logprobs,
     )

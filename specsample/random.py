@@ -28,7 +28,7 @@ at least one token), so no counter is ever read twice, whatever draft count each
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -242,6 +242,95 @@ class Seeding:
             return out
         seeded = torch.cat([counter_uniform(self.seeds, c, s) for s, c in parts], dim=1)
         return torch.where(self.seeds.unsqueeze(-1) >= 0, seeded, out)
+
+
+def check_seeds(
+    seeds: torch.Tensor | Sequence[int | None] | None, batch: int
+) -> torch.Tensor | list[int | None] | None:
+    """Validate per-row seeds: an integer tensor ``[batch]`` as it is, or a host list.
+
+    Host entries are ``None`` or ``-1`` (not counter-seeded) or non-negative integers.
+
+    Examples
+    --------
+    >>> check_seeds([3, -1, None], 3)
+    [3, None, None]
+    """
+    if seeds is None:
+        return None
+    if isinstance(seeds, torch.Tensor):
+        if seeds.shape != (batch,) or seeds.dtype.is_floating_point or seeds.dtype == torch.bool:
+            raise ValueError(
+                f"seeds must be an integer tensor of shape ({batch},), got {seeds.dtype} "
+                f"of shape {tuple(seeds.shape)}"
+            )
+        return seeds
+    if isinstance(seeds, str | bytes) or not isinstance(seeds, Sequence):
+        raise TypeError(f"seeds must be a tensor or a sequence, got {type(seeds).__name__}")
+    if len(seeds) != batch:
+        raise ValueError(f"seeds must have one entry per row ({batch}), got {len(seeds)}")
+    for s in seeds:
+        if s is not None and (isinstance(s, bool) or not isinstance(s, int)):
+            raise TypeError(f"seeds entries must be int or None, got {type(s).__name__}")
+        if s is not None and s < -1:
+            raise ValueError(f"seeds must be non-negative (None or -1: unseeded), got {s}")
+    return [None if s is None or s == -1 else s for s in seeds]
+
+
+def seeding_from(
+    batch: int,
+    device: torch.device,
+    *,
+    seeds: torch.Tensor | Sequence[int | None] | None = None,
+    generators: Mapping[int, torch.Generator] | None = None,
+    generator: torch.Generator | None = None,
+) -> Seeding:
+    """Validate the randomness arguments of an entry point and combine them.
+
+    Examples
+    --------
+    >>> seeding_from(2, torch.device("cpu"), seeds=[3, None]).seeds.tolist()
+    [3, -1]
+    """
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if generators is not None and not isinstance(generators, Mapping):
+        raise TypeError(
+            f"generators must be a dict of row -> torch.Generator, got {type(generators).__name__}"
+        )
+    return Seeding.build(
+        batch, device, seeds=check_seeds(seeds, batch), generators=generators, generator=generator
+    )
+
+
+def positions_from(
+    positions: torch.Tensor | Sequence[int] | None, batch: int, device: torch.device
+) -> torch.Tensor | None:
+    """Validate absolute positions (host integers or an integer tensor) as ``[batch]`` int64.
+
+    Examples
+    --------
+    >>> positions_from([4, 0], 2, torch.device("cpu")).tolist()
+    [4, 0]
+    """
+    if positions is None:
+        return None
+    if not isinstance(positions, torch.Tensor):
+        if isinstance(positions, str | bytes) or not isinstance(positions, Sequence):
+            raise TypeError(
+                f"positions must be a tensor or a sequence, got {type(positions).__name__}"
+            )
+        positions = torch.tensor([int(p) for p in positions], dtype=torch.int64)
+    if (
+        positions.shape != (batch,)
+        or positions.dtype.is_floating_point
+        or positions.dtype == torch.bool
+    ):
+        raise ValueError(
+            f"positions must be integers of shape ({batch},), got {positions.dtype} "
+            f"of shape {tuple(positions.shape)}"
+        )
+    return positions.to(device=device, dtype=torch.int64, non_blocking=True)
 
 
 def stripe(

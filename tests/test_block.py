@@ -101,8 +101,9 @@ def test_block_expected_length_matches_the_enumerated_law() -> None:
     law = _block_step_law(family)
     mean = sum((len(key) - 1) * mass for key, mass in law.items())
     lengths = torch.arange(family.k + 1, dtype=torch.float64)
-    assert math.isclose(float((family.accepted_length_law("block") * lengths).sum()), mean,
-                        abs_tol=1e-12)
+    assert math.isclose(
+        float((family.accepted_length_law("block") * lengths).sum()), mean, abs_tol=1e-12
+    )
 
 
 def _toy(rows: int) -> tuple[torch.Tensor, ...]:
@@ -142,8 +143,9 @@ def test_block_passes_the_harness(name: str, k: int) -> None:
     detects any TV >= 0.0123 with 99% power (see ``ExactnessReport.detectable_tv``).
     """
     family = make_family(name, k=k, seed=k)
-    report = exactness_report(RejectionSampler(method="block"), family, rows=100_000, seed=k,
-                              rule="block")
+    report = exactness_report(
+        RejectionSampler(method="block"), family, rows=100_000, seed=k, rule="block"
+    )
     assert report.passed(ALPHA), report.format(ALPHA)
 
 
@@ -170,8 +172,9 @@ def test_block_weights_and_length_rules() -> None:
     assert block_length(weights, z, torch.tensor([3]), eta).tolist() == [3]
     invalid = block_weights(q, p, torch.tensor([[True, False, True]]))
     assert invalid[0, 2:].tolist() == [0.0, 0.0]
-    assert block_length(invalid, z, torch.tensor([3]), torch.zeros(1, 3, dtype=torch.float64)
-                        ).tolist() == [1]
+    assert block_length(
+        invalid, z, torch.tensor([3]), torch.zeros(1, 3, dtype=torch.float64)
+    ).tolist() == [1]
 
 
 def _flat_family_inputs(family: Family, rows: int) -> tuple[torch.Tensor, ...]:
@@ -221,10 +224,16 @@ def test_verify_block_refuses_one_hot_drafts() -> None:
 def test_block_greedy_rows_follow_the_argmax() -> None:
     logits = torch.randn(2 * 4, 7)
     argmax = logits.argmax(-1).view(2, 4)
-    drafts = torch.stack([argmax[0, :3], torch.tensor([argmax[1, 0], (argmax[1, 1] + 1) % 7,
-                                                       argmax[1, 2]])])
-    out = verify(logits, drafts.reshape(-1), [3, 3], draft_probs=torch.softmax(
-        torch.randn(6, 7), -1), temperature=[0.0, 0.0], method="block")
+    drafts = torch.stack(
+        [argmax[0, :3], torch.tensor([argmax[1, 0], (argmax[1, 1] + 1) % 7, argmax[1, 2]])]
+    )
+    out = verify(
+        logits,
+        drafts.reshape(-1),
+        [3, 3],
+        draft_probs=torch.softmax(torch.randn(6, 7), -1),
+        temperature=[0.0, 0.0],
+        method="block",
+    )
     assert out.token_ids[0].tolist() == argmax[0].tolist()
     assert out.token_ids[1].tolist() == [int(argmax[1, 0]), int(argmax[1, 1]), -1, -1]
-

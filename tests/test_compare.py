@@ -54,8 +54,9 @@ def test_compare_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
     pytest.importorskip("matplotlib")
     plot = tmp_path / "rules.png"
-    status = main(["compare", "--families", "random", "--k", "1", "2", "--rows", "500",
-                   "--plot", str(plot)])
+    status = main(
+        ["compare", "--families", "random", "--k", "1", "2", "--rows", "500", "--plot", str(plot)]
+    )
     assert status == 0
     out = capsys.readouterr().out
     assert "tokens/step" in out and plot.exists()

@@ -86,9 +86,11 @@ NUDGES = (1e-12, -1e-12, 1e-9, -1e-9, 1e-6, -1e-6)
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
 @pytest.mark.skipif(IN_PROCESS, reason="already running under TRITON_INTERPRET=1")
 def test_kernels_under_the_interpreter() -> None:
-    """Every test of this module, in a fresh process with ``TRITON_INTERPRET=1`` from the start."""
+    """Every test of this module and of ``test_kernel_masses.py``, in a fresh process with
+    ``TRITON_INTERPRET=1`` from the start."""
     env = dict(os.environ, TRITON_INTERPRET="1")
-    command = [sys.executable, "-m", "pytest", __file__, "-p", "no:cacheprovider"]
+    masses = os.path.join(os.path.dirname(__file__), "test_kernel_masses.py")
+    command = [sys.executable, "-m", "pytest", __file__, masses, "-p", "no:cacheprovider"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert " passed" in done.stdout and " failed" not in done.stdout, done.stdout[-3000:]

@@ -147,8 +147,9 @@ def test_arbitrary_values_never_escape_the_vocabulary(
     shape = (batch, k, vocab)
     target = torch.from_numpy(data.draw(hnp.arrays(np.float32, shape, elements=elements)))
     draft = torch.from_numpy(data.draw(hnp.arrays(np.float32, shape, elements=elements)))
-    ids = torch.tensor(data.draw(st.lists(st.integers(-2, vocab + 1), min_size=batch * k,
-                                          max_size=batch * k))).view(batch, k)
+    ids = torch.tensor(
+        data.draw(st.lists(st.integers(-2, vocab + 1), min_size=batch * k, max_size=batch * k))
+    ).view(batch, k)
     bonus = torch.zeros(batch, 1, dtype=torch.int64)
     out = RejectionSampler()(target, bonus, draft, ids)
     length = (out != -1).sum(dim=1)

@@ -281,8 +281,9 @@ def test_tiny_residual_is_not_lost_in_block_rounding() -> None:
     q[0] = torch.nextafter(p[0], torch.tensor(1.0))
     q[1] = torch.nextafter(p[1], torch.tensor(0.0))
     uniforms = torch.tensor([[LARGEST_BELOW_ONE, 0.5]], dtype=torch.float64)
-    result = chain_verify(q.view(1, 1, 3), p.view(1, 1, 3), torch.tensor([[1]]),
-                          torch.tensor([0]), uniforms)
+    result = chain_verify(
+        q.view(1, 1, 3), p.view(1, 1, 3), torch.tensor([[1]]), torch.tensor([0]), uniforms
+    )
     assert result.num_accepted.tolist() == [0]
     assert result.token_ids.tolist() == [[0, -1]]
 
@@ -312,7 +313,10 @@ def test_residual_without_mass_falls_back_to_the_target() -> None:
     assert bool(((histogram - count * target.to(torch.float64)).abs() <= 1).all())
     assert histogram[1] == 0 and histogram[3] == 0
     edge = _residual(
-        target.view(1, -1), rows[:2], target.view(1, -1), rows[:2],
+        target.view(1, -1),
+        rows[:2],
+        target.view(1, -1),
+        rows[:2],
         torch.tensor([0.0, LARGEST_BELOW_ONE], dtype=torch.float64),
     )
     assert edge.tolist() == [0, 5]
@@ -422,15 +426,17 @@ def test_non_contiguous_inputs_give_identical_results() -> None:
     ids[:, 0] = target[:, 0].argmax(dim=-1)
     uniforms = torch.rand(batch, k + 1, dtype=torch.float64, generator=generator)
     strided = chain_verify(target, draft, ids, bonus, uniforms)
-    dense = chain_verify(target.contiguous(), draft.contiguous(), ids.contiguous(),
-                         bonus.contiguous(), uniforms)
+    dense = chain_verify(
+        target.contiguous(), draft.contiguous(), ids.contiguous(), bonus.contiguous(), uniforms
+    )
     assert torch.equal(strided.token_ids, dense.token_ids)
     one = chain_verify(target[7:8], draft[7:8], ids[7:8], bonus[7:8], uniforms[7:8])
     assert torch.equal(one.token_ids, dense.token_ids[7:8])
     seeds = torch.arange(batch)
     a = RejectionSampler()(target, bonus, draft, ids, seeds=seeds)
-    b = RejectionSampler()(target.contiguous(), bonus.contiguous(), draft.contiguous(),
-                           ids.contiguous(), seeds=seeds)
+    b = RejectionSampler()(
+        target.contiguous(), bonus.contiguous(), draft.contiguous(), ids.contiguous(), seeds=seeds
+    )
     assert torch.equal(a, b)
 
 

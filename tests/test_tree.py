@@ -33,10 +33,13 @@ import numpy as np
 import pytest
 import torch
 
-from specsample.rules import tree as tree_module
+from specsample.random import Seeding, Stream, counter_uniform
 from specsample.rules.tree import (
     TREE_DRAFTING,
     TREE_METHODS,
+    TREE_STRIDE,
+    Drafting,
+    TreeMethod,
     TreeVerifyResult,
     tree_bounds,
     tree_method,
@@ -44,6 +47,7 @@ from specsample.rules.tree import (
     tree_verify,
     tree_verify_greedy,
 )
+from specsample.rules.tree.verify import _verify
 from specsample.testing import chi2_sf, detectable_tv
 
 VOCAB = 4
@@ -251,7 +255,8 @@ def _emitted_law(toy: Toy, tree: Tree, rule: str, node: int = 0) -> Law:
         accept = _accept_probability(rule, q[x], p[x])
         if accept > 0.0:
             for s, w in _emitted_law(toy, tree, rule, child).items():
-                law[(x, *s)] += reach * accept * w
+                key = (x, *s)
+                law[key] += reach * accept * w
         reach *= 1.0 - accept
         q, p = _update(rule, q, p, x)
     for y, qy in enumerate(q):
@@ -358,7 +363,7 @@ def test_mss_on_top_k_children_is_badly_biased() -> None:
         for s, w in law.items():
             marginal[s[:1]] += w
         first[rule] = dict(marginal)
-    target = {(y,): v for y, v in enumerate(toy.target(()))}
+    target: Law = {(y,): v for y, v in enumerate(toy.target(()))}
     assert _max_error(first["onehot"], target) < EXACT_TOL
     assert _tv(first["mss"], target) > 0.05
 
@@ -463,7 +468,7 @@ def _padded(values: list[int], width: int) -> list[int]:
     ],
 )
 def test_matches_reference_on_injected_uniforms(
-    shape: str, drafting: str, method: str | None, corrupt: bool
+    shape: str, drafting: Drafting, method: TreeMethod | None, corrupt: bool
 ) -> None:
     """Same uniforms, same decisions: 2000 sparse-toy trees, no disagreement allowed.
 
@@ -549,7 +554,7 @@ SAMPLING_CASES = [
 
 @pytest.mark.parametrize(("shape", "drafting", "method", "family"), SAMPLING_CASES)
 def test_sampling_matches_target(
-    shape: str, drafting: str, method: str | None, family: str
+    shape: str, drafting: Drafting, method: TreeMethod | None, family: str
 ) -> None:
     """120_000 trees through the real implementation; stream law vs the target's joint.
 
@@ -603,7 +608,7 @@ def test_unchecked_mss_on_top_k_children_fails_sampling() -> None:
     root = np.array(toy.target(()))
     p_values = {}
     for rule in ("mss", "onehot"):
-        out = tree_module._verify(target, tokens, parents, draft, rule, 2, 2, u)
+        out = _verify(target, tokens, parents, draft, rule, 2, 2, u)
         counts = np.bincount(out.token_ids[:, 0].numpy(), minlength=VOCAB)
         p_values[rule] = _chi_square(counts, root)[0]
     assert p_values["mss"] < 1e-12
@@ -701,19 +706,155 @@ def test_seeded_rows_do_not_depend_on_the_batch() -> None:
     )
     assert torch.equal(out.token_ids[0], out.token_ids[2])
     assert torch.equal(out.token_ids[:1], alone.token_ids)
-    u = tree_uniforms(3, 2, 2, torch.device("cpu"), seeds=seeds, positions=positions)
+    cpu = torch.device("cpu")
+    u = tree_uniforms(Seeding.build(3, cpu, seeds=seeds), 2, 2, cpu, positions)
     again = tree_verify(target, tokens, parents, drafting="iid", draft_probs=draft, uniforms=u)
     assert torch.equal(again.token_ids[0], out.token_ids[0])
 
 
 def test_tree_uniforms_layout() -> None:
-    seeds = torch.tensor([3])
-    u = tree_uniforms(1, 2, 3, torch.device("cpu"), seeds=seeds, positions=torch.tensor([4]))
-    shifted = tree_uniforms(1, 1, 3, torch.device("cpu"), seeds=seeds, positions=torch.tensor([5]))
-    assert u.shape == (1, 7) and u.dtype == torch.float64
-    assert torch.equal(u[0, 3:6], shifted[0, :3])
-    assert not torch.equal(u[0, -1:], shifted[0, -1:])
+    """Seeded rows read TREE_ACCEPT at ``pos * TREE_STRIDE + level * max_children + j`` and
+    TREE_FINAL at ``pos``; the other rows read uniforms too."""
+    cpu = torch.device("cpu")
+    seeds = torch.tensor([3, -1])
+    positions = torch.tensor([4, 9])
+    u = tree_uniforms(Seeding.build(2, cpu, seeds=seeds), 2, 3, cpu, positions)
+    assert u.shape == (2, 7) and u.dtype == torch.float64
     assert bool(((u >= 0) & (u < 1)).all())
+    accept = counter_uniform(
+        seeds[:1], 4 * TREE_STRIDE + torch.arange(6).unsqueeze(0), Stream.TREE_ACCEPT
+    )
+    final = counter_uniform(seeds[:1], torch.tensor([[4]]), Stream.TREE_FINAL)
+    assert torch.equal(u[:1, :6], accept)
+    assert torch.equal(u[:1, 6:], final)
+
+
+def test_tree_accept_counters_of_consecutive_steps_do_not_overlap() -> None:
+    """At the largest allowed bounds, the steps at positions ``p`` and ``p + 1`` read the
+    TREE_ACCEPT counters ``[p * S, (p + 1) * S)`` and ``[(p + 1) * S, (p + 2) * S)``
+    (``S = TREE_STRIDE``), which are disjoint; one more child slot is refused."""
+    cpu = torch.device("cpu")
+    seed = torch.tensor([11])
+    seeding = Seeding.build(1, cpu, seeds=seed)
+    depth, children = 1 << 10, 1 << 10
+    assert depth * children == TREE_STRIDE
+    p = 6
+    counters = {}
+    for pos in (p, p + 1):
+        u = tree_uniforms(seeding, depth, children, cpu, torch.tensor([pos]))
+        counters[pos] = pos * TREE_STRIDE + torch.arange(TREE_STRIDE).unsqueeze(0)
+        assert torch.equal(u[:, :-1], counter_uniform(seed, counters[pos], Stream.TREE_ACCEPT))
+        final = counter_uniform(seed, torch.tensor([[pos]]), Stream.TREE_FINAL)
+        assert torch.equal(u[:, -1:], final)
+    assert int(counters[p].max()) < int(counters[p + 1].min())
+    with pytest.raises(ValueError, match="max_depth \\* max_children"):
+        tree_uniforms(seeding, depth, children + 1, cpu)
+
+
+def test_decoding_loop_never_rereads_a_counter() -> None:
+    """Positions advanced by ``num_emitted`` give disjoint TREE_ACCEPT counter sets."""
+    tokens, target, draft, parents = _small_batch(1)
+    position, seen = 0, set[int]()
+    for step in range(6):
+        depth, width = tree_bounds(parents)
+        counters = set(range(position * TREE_STRIDE, position * TREE_STRIDE + depth * width))
+        assert not counters & seen
+        seen |= counters
+        out = tree_verify(
+            target,
+            tokens,
+            parents,
+            drafting="iid",
+            draft_probs=draft,
+            seeds=[step],
+            positions=torch.tensor([position]),
+        )
+        position += int(out.num_emitted[0])
+
+
+def test_own_generator_rows_do_not_depend_on_the_batch() -> None:
+    """A row with its own generator emits the same tokens alone or beside other rows (a
+    seeded one and one on the shared generator), and does not disturb the shared one."""
+    tokens, target, draft, parents = _small_batch(3)
+    beside = tree_verify(
+        target,
+        tokens,
+        parents,
+        drafting="iid",
+        draft_probs=draft,
+        seeds=[5, None, None],
+        generators={1: torch.Generator().manual_seed(42)},
+        generator=torch.Generator().manual_seed(7),
+    )
+    alone = tree_verify(
+        target[1:2],
+        tokens[1:2],
+        parents,
+        drafting="iid",
+        draft_probs=draft[1:2],
+        generators={0: torch.Generator().manual_seed(42)},
+        generator=torch.Generator().manual_seed(8),
+    )
+    shared_alone = tree_verify(
+        target[2:],
+        tokens[2:],
+        parents,
+        drafting="iid",
+        draft_probs=draft[2:],
+        generator=torch.Generator().manual_seed(7),
+    )
+    assert torch.equal(beside.token_ids[1], alone.token_ids[0])
+    assert torch.equal(beside.path[1], alone.path[0])
+    assert torch.equal(beside.token_ids[2], shared_alone.token_ids[0])
+    cpu = torch.device("cpu")
+    own = Seeding.build(1, cpu, generators={0: torch.Generator().manual_seed(42)})
+    again = tree_verify(
+        target[1:2],
+        tokens[1:2],
+        parents,
+        drafting="iid",
+        draft_probs=draft[1:2],
+        uniforms=tree_uniforms(own, 2, 2, cpu),
+    )
+    assert torch.equal(again.token_ids, alone.token_ids)
+
+
+def test_seeding_arguments_are_checked() -> None:
+    tokens, target, draft, parents = _small_batch(2)
+    call: Callable[..., TreeVerifyResult] = tree_verify
+    args = (target, tokens, parents)
+    with pytest.raises(ValueError, match="seeds"):
+        call(*args, drafting="iid", draft_probs=draft, seeds=torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match="seeds"):
+        call(*args, drafting="iid", draft_probs=draft, seeds=[1])
+    with pytest.raises(TypeError, match="seeds"):
+        call(*args, drafting="iid", draft_probs=draft, seeds=[1.5, 2])
+    with pytest.raises(TypeError, match="generators"):
+        call(*args, drafting="iid", draft_probs=draft, generators=[torch.Generator()])
+    with pytest.raises(ValueError, match="generators"):
+        call(*args, drafting="iid", draft_probs=draft, generators={2: torch.Generator()})
+    with pytest.raises(ValueError, match="seed and a generator"):
+        call(
+            *args,
+            drafting="iid",
+            draft_probs=draft,
+            seeds=[1, None],
+            generators={0: torch.Generator()},
+        )
+    with pytest.raises(TypeError, match="generator"):
+        call(*args, drafting="iid", draft_probs=draft, generator=3)
+    with pytest.raises(ValueError, match="positions"):
+        call(*args, drafting="iid", draft_probs=draft, positions=torch.tensor([1]))
+    with pytest.raises(ValueError, match="seeds/generators"):
+        call(
+            *args,
+            drafting="iid",
+            draft_probs=draft,
+            uniforms=torch.rand(2, 5, dtype=torch.float64),
+            generators={0: torch.Generator()},
+        )
+    with pytest.raises(TypeError, match="seeding"):
+        tree_uniforms(None, 1, 1, torch.device("cpu"))  # type: ignore[arg-type]
 
 
 def test_bounds_and_truncation() -> None:
@@ -781,15 +922,16 @@ def test_drafting_is_required_and_checked() -> None:
     assert inspect.signature(tree_verify).parameters["drafting"].default is inspect.Parameter.empty
     tokens, target, draft, parents = _small_batch(2)
     with pytest.raises(TypeError):
-        tree_verify(target, tokens, parents)
+        tree_verify(target, tokens, parents)  # type: ignore[call-arg]
     with pytest.raises(ValueError, match="drafting"):
-        tree_verify(target, tokens, parents, drafting="topk")
+        tree_verify(target, tokens, parents, drafting="topk")  # type: ignore[arg-type]
+    call: Callable[..., TreeVerifyResult] = tree_verify
     with pytest.raises(ValueError, match="method"):
-        tree_verify(target, tokens, parents, drafting="iid", draft_probs=draft, method="spectr")
+        call(target, tokens, parents, drafting="iid", draft_probs=draft, method="spectr")
 
 
 @pytest.mark.parametrize("drafting", ["iid", "without_replacement"])
-def test_sampled_drafting_needs_draft_probs(drafting: str) -> None:
+def test_sampled_drafting_needs_draft_probs(drafting: Drafting) -> None:
     tokens, target, _, parents = _small_batch(2)
     with pytest.raises(ValueError, match="needs draft_probs"):
         tree_verify(target, tokens, parents, drafting=drafting)
@@ -806,7 +948,7 @@ def test_sampled_drafting_needs_draft_probs(drafting: str) -> None:
         ("iid", "rrs"),
     ],
 )
-def test_biased_methods_raise(drafting: str, method: str) -> None:
+def test_biased_methods_raise(drafting: Drafting, method: TreeMethod) -> None:
     tokens, target, draft, parents = _small_batch(2)
     with pytest.raises(ValueError, match=f"method='{method}' is biased with drafting='{drafting}'"):
         tree_verify(target, tokens, parents, drafting=drafting, draft_probs=draft, method=method)

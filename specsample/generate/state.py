@@ -26,7 +26,7 @@ import torch
 
 from specsample.metadata import GREEDY_BELOW, SamplingMetadata, Scalars
 from specsample.probs import processed_probs
-from specsample.random import STEP_STRIDE, Seeding, Stream, stripe
+from specsample.random import STEP_STRIDE, Seeding, Stream, check_seeds, stripe
 
 DRAFT_STRIDE = STEP_STRIDE
 """Counters of :attr:`~specsample.random.Stream.DRAFT` a step may read per position, so at most
@@ -135,18 +135,6 @@ def _host_values(
     )
 
 
-def _seed_values(seeds: Sequence[int | None] | None, batch: int) -> list[int | None] | None:
-    """Check the per-sequence seeds (``None`` or -1: unseeded)."""
-    if seeds is None:
-        return None
-    values = [None if s is None or s == -1 else int(s) for s in seeds]
-    if len(values) != batch:
-        raise ValueError(f"seeds must have one entry per sequence ({batch}), got {len(values)}")
-    if any(v is not None and v < 0 for v in values):
-        raise ValueError("seeds must be non-negative (None: unseeded)")
-    return values
-
-
 class SamplingState:
     """Per-sequence sampling parameters and random sources of the active sequences.
 
@@ -220,7 +208,10 @@ class SamplingState:
             Naming the parameter that is out of range or of the wrong type or length.
         """
         values = _host_values(batch, temperature, top_k, top_p, min_p)
-        return SamplingState(values, _seed_values(seeds, batch), generator, device)
+        seed_list = check_seeds(seeds, batch)
+        if isinstance(seed_list, torch.Tensor):
+            raise TypeError("seeds must be a sequence of int or None")
+        return SamplingState(values, seed_list, generator, device)
 
     @property
     def batch(self) -> int:

@@ -20,6 +20,10 @@ Entry points:
   (ragged batches, greedy and sampled requests, draft probabilities, draft logits or one-hot
   drafts, both rules).
 
+For tests, :func:`specsample.kernels.padded.kernel_block_masses` runs the first kernel alone
+and returns the block masses the draw reads, computed as the rule computes them (in float32,
+or float64 for float64 probabilities; never in half precision).
+
 :func:`available` says whether the kernels can serve CUDA tensors here (triton installed and a
 GPU present); :func:`supports` whether they can run on a given tensor, which includes CPU
 tensors under Triton's interpreter (``TRITON_INTERPRET=1``, for tests). Importing this package
@@ -39,15 +43,9 @@ from __future__ import annotations
 
 import torch
 
-from specsample.kernels.launch import (
-    RULES,
-    block_kernel_verify,
-    chain_kernel_verify,
-    interpreting,
-    supports,
-    triton_available,
-    verify_logits,
-)
+from specsample.kernels.launch import interpreting, supports, triton_available
+from specsample.kernels.logits import verify_logits
+from specsample.kernels.padded import RULES, block_kernel_verify, chain_kernel_verify
 
 __all__ = [
     "RULES",

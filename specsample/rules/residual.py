@@ -208,8 +208,11 @@ def sample_residual(
     residual = q
     if draft is not None:
         p = draft.segment(start, q.shape[-1])
-        scaled = q if target_scale is None else q * target_scale.unsqueeze(-1)
-        residual = (scaled - p).clamp_(min=0.0)
+        if target_scale is None:
+            residual = (q - p).clamp_(min=0.0)
+        else:
+            scale = target_scale.unsqueeze(-1).to(q.dtype)
+            residual = torch.addcmul(p, q, scale, value=-1.0).clamp_(max=0.0).neg_()
         if keep is not None:
             residual = torch.where(keep, residual, q)
     elif excluded is not None:
