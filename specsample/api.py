@@ -179,16 +179,11 @@ def verify(
         max_draft_tokens,
         return_logprobs,
     )
-    if draft_probs is not None and draft_logits is not None:
-        raise ValueError("pass draft_probs or draft_logits, not both")
-    draft_rows = draft_probs if draft_probs is not None else draft_logits
-    draft_name = "draft_probs" if draft_probs is not None else "draft_logits"
-    check_logits_inputs(target_logits, draft_token_ids, layout, draft_rows, draft_name)
+    _check_drafts(target_logits, draft_token_ids, layout, draft_probs, draft_logits, strict)
     sampling = SamplingMetadata.build(
         layout.batch, device, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p
     )
     if strict:
-        check_logits_values(target_logits, draft_token_ids, draft_rows, draft_name)
         sampling.check_values()
     plan = pipeline.plan_logits(
         target_logits,
@@ -209,10 +204,28 @@ def verify(
         draft_logits=draft_logits,
         bonus_token_ids=bonus,
     )
-    logprobs = None
-    if return_logprobs:
-        logprobs = _emitted_logprobs(target_logits, plan.stats, layout, token_ids)
+    if not return_logprobs:
+        return VerifyOutput(token_ids, num_accepted, None)
+    logprobs = _emitted_logprobs(target_logits, plan.stats, layout, token_ids)
     return VerifyOutput(token_ids, num_accepted, logprobs)
+
+
+def _check_drafts(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    layout: BatchLayout,
+    draft_probs: torch.Tensor | None,
+    draft_logits: torch.Tensor | None,
+    strict: bool,
+) -> None:
+    """Check the draft side (and, with ``strict``, every value of the inputs)."""
+    if draft_probs is not None and draft_logits is not None:
+        raise ValueError("pass draft_probs or draft_logits, not both")
+    draft_rows = draft_probs if draft_probs is not None else draft_logits
+    draft_name = "draft_probs" if draft_probs is not None else "draft_logits"
+    check_logits_inputs(target_logits, draft_token_ids, layout, draft_rows, draft_name)
+    if strict:
+        check_logits_values(target_logits, draft_token_ids, draft_rows, draft_name)
 
 
 def _layout(
