@@ -13,17 +13,23 @@ order:
    (``z >= max(z) + log(min_p)``);
 
 then renormalise. Each filter keeps the tokens above a threshold on ``z`` and always keeps
-the most likely token, so the whole processing is summarised per row by three numbers:
-``inv_temperature``, ``cutoff`` (the largest of the thresholds) and ``log_norm`` (the
-log-sum-exp of the kept ``z``); ``q(x) = exp(z(x) - log_norm)`` where ``z(x) >= cutoff``,
-else 0. :func:`row_stats` computes them in row chunks, so no ``[rows, vocab]`` temporary
-larger than a chunk exists; :func:`processed_probs` materialises the distribution (a
-reference, and the naive path of the benchmark).
+the most likely token, so the whole processing is summarised per row by four numbers:
+``inv_temperature``, ``shift`` (the row's largest logit), ``cutoff`` (the largest of the
+thresholds) and ``log_norm`` (the log-sum-exp of the kept ``z``), with ``z`` measured from
+the largest logit, ``z = (logits - shift) / T`` (:func:`scaled_logits`): ``q(x) =
+exp(z(x) - log_norm)`` where ``z(x) >= cutoff``, else 0. Measuring from the largest logit
+keeps ``z <= 0``, so no logit and no temperature overflows float32 (a logit of ``3e38`` at
+``T = 0.5`` is as good as any). :func:`row_stats` computes the summary in row chunks, so no
+``[rows, vocab]`` temporary larger than a chunk exists; :func:`processed_probs`
+materialises the distribution (a reference, and the naive path of the benchmark).
 
-A row whose largest logit is not finite (all ``-inf``, or a NaN or ``+inf`` among them) has
-no distribution: its ``cutoff`` is NaN, so no token is kept and every token has probability
-0, and its ``argmax`` is 0. A verifier rejects every draft at such a row, greedy or
-sampled, and emits token id 0 there.
+Infinite and missing values. A ``+inf`` logit is the largest: a greedy row emits it, and a
+sampled row's distribution is uniform over its ``+inf`` tokens (the limit of the softmax as
+those logits grow), every finite token having probability 0. A row with a NaN logit, or
+whose logits are all ``-inf``, has no distribution: its ``cutoff`` is NaN, so no token is
+kept and every token has probability 0, and its ``argmax`` is 0. A verifier rejects every
+draft at such a row, greedy or sampled, and emits token id 0 there (``strict=True`` refuses
+NaN logits instead).
 """
 
 from __future__ import annotations
@@ -55,12 +61,17 @@ class RowStats(NamedTuple):
     argmax : torch.Tensor
         int64 index of the largest logit (the first one on ties; 0 for a row without a
         distribution).
+    shift : torch.Tensor
+        float32 the row's largest logit (``+inf`` allowed; 0 for a row without a
+        distribution, or when ``log_norm`` is not computed): ``z`` is measured from it
+        (see :func:`scaled_logits`).
     """
 
     inv_temperature: torch.Tensor
     cutoff: torch.Tensor
     log_norm: torch.Tensor
     argmax: torch.Tensor
+    shift: torch.Tensor
 
 
 def _chunk_rows(vocab: int, device: torch.device) -> int:
@@ -115,46 +126,81 @@ def row_stats(
     >>> import torch
     >>> logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
     >>> s = row_stats(logits, torch.ones(1), top_k=torch.tensor([2]), max_top_k=2)
-    >>> s.cutoff.tolist(), s.argmax.tolist(), round(float(s.log_norm), 4)
-    ([2.0], [1], 3.3133)
+    >>> s.shift.tolist(), s.cutoff.tolist(), s.argmax.tolist(), round(float(s.log_norm), 4)
+    ([3.0], [-1.0], [1], 0.3133)
     """
     rows, vocab = logits.shape
     device = logits.device
     cutoff = torch.full((rows,), -math.inf, device=device)
     log_norm = torch.full((rows,), math.nan, device=device)
+    shift = torch.zeros(rows, device=device)
     argmax = torch.empty(rows, dtype=torch.int64, device=device)
     step = _chunk_rows(vocab, device)
     for start in range(0, rows, step):
         stop = min(start + step, rows)
+        top, index = logits[start:stop].max(dim=-1)
+        usable = ~torch.isnan(top) & (top > -math.inf)
+        argmax[start:stop] = torch.where(usable, index, 0)
         if not need_norm:
-            top, index = logits[start:stop].max(dim=-1)
-            usable = torch.isfinite(top)
-            argmax[start:stop] = torch.where(usable, index, 0)
             cutoff[start:stop] = torch.where(usable, -math.inf, math.nan)
             continue
-        z = logits[start:stop].to(torch.float32) * inv_temperature[start:stop].unsqueeze(-1)
-        top, index = z.max(dim=-1)
-        usable = torch.isfinite(top)
-        argmax[start:stop] = torch.where(usable, index, 0)
-        cut = cutoff[start:stop]
-        if max_top_k != 0 and top_k is not None:
-            kth = z.topk(vocab if max_top_k is None else min(max_top_k, vocab), dim=-1).values
-            k = top_k[start:stop]
-            at_k = kth.gather(1, (k - 1).clamp(0, kth.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
-            cut = torch.maximum(cut, torch.where(k > 0, at_k, -math.inf))
-        if top_p is not None:
-            p = top_p[start:stop]
-            kept = z.masked_fill(z < cut.unsqueeze(-1), -math.inf)
-            cut = torch.maximum(cut, torch.where(p < 1.0, _top_p_threshold(kept, p), -math.inf))
-        if min_p is not None:
-            m = min_p[start:stop]
-            cut = torch.maximum(cut, torch.where(m > 0.0, top + torch.log(m), -math.inf))
+        shift[start:stop] = torch.where(usable, top.to(torch.float32), 0.0)
+        z = scaled_logits(
+            logits[start:stop], shift[start:stop, None], inv_temperature[start:stop, None]
+        )
+        cut = _cutoff(z, cutoff[start:stop], start, stop, top_k, max_top_k, top_p, min_p)
         cutoff[start:stop] = torch.where(usable, cut, math.nan)
         dropped = (z >= cut.unsqueeze(-1)).logical_not_()
-        total = z.sub_(top.unsqueeze(-1)).exp_().masked_fill_(dropped, 0.0).sum(dim=-1)
-        log_norm[start:stop] = torch.where(usable, top + total.log(), math.inf)
+        total = z.exp_().masked_fill_(dropped, 0.0).sum(dim=-1)
+        log_norm[start:stop] = torch.where(usable, total.log(), math.inf)
         del z, dropped
-    return RowStats(inv_temperature, cutoff, log_norm, argmax)
+    return RowStats(inv_temperature, cutoff, log_norm, argmax, shift)
+
+
+def _cutoff(
+    z: torch.Tensor,
+    cut: torch.Tensor,
+    start: int,
+    stop: int,
+    top_k: torch.Tensor | None,
+    max_top_k: int | None,
+    top_p: torch.Tensor | None,
+    min_p: torch.Tensor | None,
+) -> torch.Tensor:
+    """The largest of the filters' thresholds on the shifted ``z [rows, vocab]`` (max 0)."""
+    vocab = z.shape[-1]
+    if max_top_k != 0 and top_k is not None:
+        kth = z.topk(vocab if max_top_k is None else min(max_top_k, vocab), dim=-1).values
+        k = top_k[start:stop]
+        at_k = kth.gather(1, (k - 1).clamp(0, kth.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
+        cut = torch.maximum(cut, torch.where(k > 0, at_k, -math.inf))
+    if top_p is not None:
+        p = top_p[start:stop]
+        kept = z.masked_fill(z < cut.unsqueeze(-1), -math.inf)
+        cut = torch.maximum(cut, torch.where(p < 1.0, _top_p_threshold(kept, p), -math.inf))
+    if min_p is not None:
+        m = min_p[start:stop]
+        cut = torch.maximum(cut, torch.where(m > 0.0, torch.log(m), -math.inf))
+    return cut
+
+
+def scaled_logits(
+    logits: torch.Tensor, shift: torch.Tensor, inv_temperature: torch.Tensor
+) -> torch.Tensor:
+    """``z = (logits - shift) * inv_temperature`` in float32, 0 where ``logits == shift``.
+
+    ``shift`` is the row's largest logit (see :class:`RowStats`), so ``z <= 0`` never
+    overflows, whatever the logits and the temperature, and a ``+inf`` logit (the largest)
+    has ``z = 0`` while every finite one has ``z = -inf``. The arguments broadcast.
+
+    Examples
+    --------
+    >>> import math, torch
+    >>> scaled_logits(torch.tensor([3e38, 1.0, math.inf]), torch.tensor(math.inf), 2.0)
+    tensor([-inf, -inf, 0.])
+    """
+    x = logits.to(torch.float32)
+    return torch.where(x == shift, 0.0, (x - shift) * inv_temperature)
 
 
 def sampling_stats(
@@ -167,7 +213,7 @@ def sampling_stats(
     >>> import torch
     >>> meta = SamplingMetadata.build(1, torch.device("cpu"), top_k=2)
     >>> sampling_stats(torch.tensor([[1.0, 3.0, 2.0, 0.0]]), meta).cutoff.tolist()
-    [2.0]
+    [-1.0]
     """
     return row_stats(
         logits,
@@ -224,7 +270,7 @@ def processed_probs(
     elif top_k is not None or top_p is not None or min_p is not None:
         raise ValueError("pass top_k, top_p and min_p inside sampling, not beside it")
     stats = sampling_stats(logits, sampling)
-    z = logits.to(torch.float32) * stats.inv_temperature.unsqueeze(-1)
+    z = scaled_logits(logits, stats.shift[:, None], stats.inv_temperature[:, None])
     dropped = (z >= stats.cutoff.unsqueeze(-1)).logical_not_()
     probs = z.sub_(stats.log_norm.unsqueeze(-1)).exp_().masked_fill_(dropped, 0.0)
     if not sampling.any_greedy:

@@ -86,11 +86,16 @@ NUDGES = (1e-12, -1e-12, 1e-9, -1e-9, 1e-6, -1e-6)
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
 @pytest.mark.skipif(IN_PROCESS, reason="already running under TRITON_INTERPRET=1")
 def test_kernels_under_the_interpreter() -> None:
-    """Every test of this module and of ``test_kernel_masses.py``, in a fresh process with
-    ``TRITON_INTERPRET=1`` from the start."""
+    """Every test of this module, ``test_kernel_masses.py`` and ``test_values_and_strides.py``
+    (whose Triton cases need the interpreter), in a fresh process with ``TRITON_INTERPRET=1``
+    from the start."""
     env = dict(os.environ, TRITON_INTERPRET="1")
-    masses = os.path.join(os.path.dirname(__file__), "test_kernel_masses.py")
-    command = [sys.executable, "-m", "pytest", __file__, masses, "-p", "no:cacheprovider"]
+    here = os.path.dirname(__file__)
+    others = [
+        os.path.join(here, f"{name}.py")
+        for name in ("test_kernel_masses", "test_values_and_strides")
+    ]
+    command = [sys.executable, "-m", "pytest", __file__, *others, "-p", "no:cacheprovider"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert " passed" in done.stdout and " failed" not in done.stdout, done.stdout[-3000:]

@@ -234,7 +234,8 @@ def test_log_norm_and_cutoff_describe_the_distribution() -> None:
         "min_p": inputs["min_p"],
     }
     stats = row_stats(logits, inv_t, max_top_k=int(inputs["top_k"].max()), **filters)
-    z = logits * inv_t.unsqueeze(-1)
+    assert torch.equal(stats.shift, logits.max(dim=-1).values)
+    z = (logits - stats.shift.unsqueeze(-1)) * inv_t.unsqueeze(-1)
     kept = z >= stats.cutoff.unsqueeze(-1)
     log_norm = torch.logsumexp(z.masked_fill(~kept, -math.inf), dim=-1)
     torch.testing.assert_close(stats.log_norm, log_norm, atol=1e-5, rtol=1e-6)

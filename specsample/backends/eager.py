@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 
 from specsample.metadata import BatchLayout
-from specsample.probs import RowStats, row_stats
+from specsample.probs import RowStats, row_stats, scaled_logits
 from specsample.rules.block import (
     block_length,
     block_verify,
@@ -92,7 +92,7 @@ def log_q(
     >>> log_q(logits, s, torch.tensor([0]), torch.tensor([1])).exp().tolist()
     [0.5]
     """
-    z = logits[rows, ids].to(torch.float32) * stats.inv_temperature[rows]
+    z = scaled_logits(logits[rows, ids], stats.shift[rows], stats.inv_temperature[rows])
     return torch.where(z >= stats.cutoff[rows], z - stats.log_norm[rows], -torch.inf)
 
 
@@ -138,8 +138,7 @@ def _draft_side(
     if draft_logits is not None and draft_logits.shape[0]:
         ones = torch.ones(draft_logits.shape[0], device=draft_logits.device)
         stats = row_stats(draft_logits, ones)
-        log_p = draft_logits[index, ids].to(torch.float32) - stats.log_norm[index]
-        return LogitRows(draft_logits, ones, stats.cutoff, stats.log_norm), log_p.exp().double()
+        return LogitRows(draft_logits, stats), log_q(draft_logits, stats, index, ids).exp().double()
     return None, torch.ones(ids.shape, dtype=torch.float64, device=ids.device)
 
 
@@ -190,7 +189,7 @@ def verify_logits(
     if uniforms is not None:
         source, p_at = _draft_side(draft_probs, draft_logits, drafts)
         q_at = log_q(target_logits, stats, drafts.target_rows, drafts.safe_ids).exp().double()
-        target = LogitRows(target_logits, *stats[:3])
+        target = LogitRows(target_logits, stats)
         rule = _block_step if method == "block" and layout.total_drafts else _chain_step
         sampled, drawn = rule(Step(target, source, q_at, p_at, uniforms, layout, drafts))
         num_accepted = torch.where(greedy, num_accepted, sampled)

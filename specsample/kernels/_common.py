@@ -7,8 +7,9 @@ verification's weights, and the inverse-CDF choice of a cell (the rule of
 :func:`specsample.random.inverse_cdf`).
 
 The target is passed as a tuple ``(pointer, row stride, inv_temperature, cutoff,
-log_norm)``, the draft as ``(pointer, row stride, cutoff, log_norm)``. Every program handles
-``R`` requests at once (vectors ``[R]``, matrices ``[R, K1]`` over the draft positions).
+log_norm, shift)``, the draft as ``(pointer, row stride, cutoff, log_norm, shift)``. Every
+program handles ``R`` requests at once (vectors ``[R]``, matrices ``[R, K1]`` over the
+draft positions).
 
 Without :mod:`triton` installed this module defines nothing.
 """
@@ -95,9 +96,14 @@ if triton is not None:
         return cell, inside
 
     @triton.jit
-    def _logit_probs(x, inv_t, cut, lse, mask):
-        """``exp(z - lse)`` where ``z = x * inv_t >= cut`` (and ``mask``), else 0, in float32."""
-        z = x.to(tl.float32) * inv_t
+    def _logit_probs(x, shift, inv_t, cut, lse, mask):
+        """``exp(z - lse)`` where ``z >= cut`` (and ``mask``), else 0, in float32.
+
+        ``z = (x - shift) * inv_t``, 0 where ``x == shift``: the rule of
+        :func:`specsample.probs.scaled_logits`, which never overflows.
+        """
+        x = x.to(tl.float32)
+        z = tl.where(x == shift, 0.0, (x - shift) * inv_t)
         return tl.where((z >= cut) & mask, _exp(z - lse), 0.0)
 
     @triton.jit
@@ -138,26 +144,30 @@ if triton is not None:
         tok = tok.to(tl.int64)
         valid = in_request & (tok >= 0) & (tok < vocab)
         safe = tl.minimum(tl.maximum(tok, 0), vocab - 1)
-        t_ptr, t_stride, inv_t, cutoff, log_norm = target
+        t_ptr, t_stride, inv_t, cutoff, log_norm, t_shift = target
         t_row = t_first[:, None] + j[None, :]
         raw_q = tl.load(t_ptr + t_row * t_stride + safe, mask=in_request, other=0.0)
         if TARGET_LOGITS:
             inv = tl.load(inv_t + t_row, mask=in_request, other=1.0)
             cut = tl.load(cutoff + t_row, mask=in_request, other=0.0)
             lse = tl.load(log_norm + t_row, mask=in_request, other=0.0)
-            q_at = _logit_probs(raw_q, inv, cut, lse, in_request).to(tl.float64)
+            sh = tl.load(t_shift + t_row, mask=in_request, other=0.0)
+            q_at = _logit_probs(raw_q, sh, inv, cut, lse, in_request).to(tl.float64)
         else:
             q_at = raw_q.to(tl.float64)
-        d_ptr, d_stride, _, d_norm = draft
+        d_ptr, d_stride, d_cut, d_norm, d_shift = draft
         d_at = d_ptr + (d_first[:, None] + j[None, :]) * d_stride + safe
         if DRAFT == 0:
             p_at = tl.where(in_request, 1.0, 0.0).to(tl.float64)
         elif DRAFT == 1:
             p_at = tl.load(d_at, mask=in_request, other=0.0).to(tl.float64)
         else:
-            raw_p = tl.load(d_at, mask=in_request, other=0.0).to(tl.float32)
-            lse_p = tl.load(d_norm + d_first[:, None] + j[None, :], mask=in_request, other=0.0)
-            p_at = _exp(raw_p - lse_p).to(tl.float64)
+            raw_p = tl.load(d_at, mask=in_request, other=0.0)
+            d_row = d_first[:, None] + j[None, :]
+            cut_p = tl.load(d_cut + d_row, mask=in_request, other=0.0)
+            lse_p = tl.load(d_norm + d_row, mask=in_request, other=0.0)
+            sh_p = tl.load(d_shift + d_row, mask=in_request, other=0.0)
+            p_at = _logit_probs(raw_p, sh_p, 1.0, cut_p, lse_p, in_request).to(tl.float64)
         return j, tok, valid, q_at, p_at
 
     @triton.jit

@@ -168,11 +168,13 @@ if triton is not None:
         t_inv,
         t_cut,
         t_lse,
+        t_shift,
         t_argmax,
         drf,
         d_rs,
         d_cut,
         d_lse,
+        d_shift,
         ids,
         uni,
         u_stride,
@@ -208,8 +210,8 @@ if triton is not None:
         FUSED: tl.constexpr,
     ):
         """Accept test, accepted length, residual draw and output row of ``R`` requests."""
-        target = (tgt, t_rs, t_inv, t_cut, t_lse)
-        draft = (drf, d_rs, d_cut, d_lse)
+        target = (tgt, t_rs, t_inv, t_cut, t_lse, t_shift)
+        draft = (drf, d_rs, d_cut, d_lse, d_shift)
         starts = (t_start, d_start, n_drafts)
         sizes = (batch, vocab, k, t_step, d_step)
         req, live, t_first, d_first, n, drafts = _requests(

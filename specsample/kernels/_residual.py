@@ -51,13 +51,14 @@ if triton is not None:
     @triton.jit
     def _target_rows(target, rows, read, cols, mask, TARGET_LOGITS: tl.constexpr):
         """Target probabilities ``[R, C]`` (float32) at ``rows [R]`` and ``cols``, raw values."""
-        ptr, stride, inv_t, cutoff, log_norm = target
+        ptr, stride, inv_t, cutoff, log_norm, shift = target
         raw = tl.load(ptr + rows[:, None] * stride + cols, mask=mask, other=0.0)
         if TARGET_LOGITS:
             inv = tl.load(inv_t + rows, mask=read, other=1.0)
             cut = tl.load(cutoff + rows, mask=read, other=0.0)
             lse = tl.load(log_norm + rows, mask=read, other=0.0)
-            q = _logit_probs(raw, inv[:, None], cut[:, None], lse[:, None], mask)
+            sh = tl.load(shift + rows, mask=read, other=0.0)
+            q = _logit_probs(raw, sh[:, None], inv[:, None], cut[:, None], lse[:, None], mask)
         else:
             q = raw.to(tl.float32)
         return q, raw
@@ -65,12 +66,13 @@ if triton is not None:
     @triton.jit
     def _draft_rows(draft, rows, read, cols, mask, DRAFT: tl.constexpr):
         """Dense draft probabilities ``[R, C]`` (float32) at ``rows [R]``, and raw values."""
-        ptr, stride, cutoff, log_norm = draft
+        ptr, stride, cutoff, log_norm, shift = draft
         raw = tl.load(ptr + rows[:, None] * stride + cols, mask=mask, other=0.0)
         if DRAFT == 2:
             cut = tl.load(cutoff + rows, mask=read, other=0.0)
             lse = tl.load(log_norm + rows, mask=read, other=0.0)
-            p = _logit_probs(raw, 1.0, cut[:, None], lse[:, None], mask)
+            sh = tl.load(shift + rows, mask=read, other=0.0)
+            p = _logit_probs(raw, sh[:, None], 1.0, cut[:, None], lse[:, None], mask)
         else:
             p = raw.to(tl.float32)
         return p, raw
@@ -144,11 +146,13 @@ if triton is not None:
         t_inv,
         t_cut,
         t_lse,
+        t_shift,
         t_argmax,
         drf,
         d_rs,
         d_cut,
         d_lse,
+        d_shift,
         ids,
         uni,
         u_stride,
@@ -184,8 +188,8 @@ if triton is not None:
         FUSED: tl.constexpr,
     ):
         """Block masses of the row a request draws from (chain) or of every position (block)."""
-        target = (tgt, t_rs, t_inv, t_cut, t_lse)
-        draft = (drf, d_rs, d_cut, d_lse)
+        target = (tgt, t_rs, t_inv, t_cut, t_lse, t_shift)
+        draft = (drf, d_rs, d_cut, d_lse, d_shift)
         starts = (t_start, d_start, n_drafts)
         sizes = (batch, vocab, k, t_step, d_step)
         req, live, t_first, d_first, n, drafts = _requests(

@@ -214,7 +214,7 @@ def _arguments(
     device = step.target.device
     floats = torch.empty(1, dtype=torch.float32, device=device)
     longs = torch.empty(1, dtype=torch.int64, device=device)
-    unread = RowStats(floats, floats, floats, longs)
+    unread = RowStats(floats, floats, floats, longs, floats)
     stats = step.target_stats if step.target_stats is not None else unread
     d_stats = step.draft_stats if step.draft_stats is not None else unread
     dense = _nonempty(step.draft, step.target)
@@ -225,11 +225,13 @@ def _arguments(
         stats.inv_temperature,
         stats.cutoff,
         stats.log_norm,
+        stats.shift,
         stats.argmax,
         dense,
         dense.stride(0) if dense.dim() == 2 else 0,
         d_stats.cutoff,
         d_stats.log_norm,
+        d_stats.shift,
         _nonempty(step.ids, longs),
         uniforms if uniforms is not None else torch.empty(1, 1, dtype=torch.float64, device=device),
         step.k + 1,

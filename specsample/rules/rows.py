@@ -14,6 +14,8 @@ from typing import Protocol
 
 import torch
 
+from specsample.probs import RowStats
+
 
 def flat_rows(probs: torch.Tensor) -> tuple[torch.Tensor, int]:
     """View ``[batch, k, vocab]`` as ``[rows, vocab]`` without copying where strides allow.
@@ -38,6 +40,24 @@ def flat_rows(probs: torch.Tensor) -> tuple[torch.Tensor, int]:
     stride = s0 // s1 if batch > 1 else k
     rows = (batch - 1) * stride + k if batch > 0 else 0
     return probs.as_strided((rows, vocab), (s1, 1)), stride
+
+
+def unit_columns(rows: torch.Tensor) -> torch.Tensor:
+    """``rows [..., vocab]`` with unit column stride, copied only when it has another one.
+
+    The row readers index columns by offset, so every entry point hands them rows whose
+    last dimension is contiguous; any row stride is kept.
+
+    Examples
+    --------
+    >>> import torch
+    >>> x = torch.arange(6.0).view(2, 3).t()
+    >>> x.stride(), unit_columns(x).stride()
+    ((1, 3), (2, 1))
+    """
+    if rows.dim() == 0 or rows.stride(-1) == 1 or rows.shape[-1] <= 1:
+        return rows
+    return rows.contiguous()
 
 
 def _windows(
@@ -81,9 +101,10 @@ class ProbRows:
     Parameters
     ----------
     probs : torch.Tensor
-        ``[rows, vocab]`` (any row stride, unit column stride), float32, float16, bfloat16 or
-        float64; chunks are handed out in float32 (float64 for float64 rows), so that the
-        residual's arithmetic is never done in half precision.
+        ``[rows, vocab]`` (any strides; copied once if its columns are not contiguous),
+        float32, float16, bfloat16 or float64; chunks are handed out in float32 (float64
+        for float64 rows), so that the residual's arithmetic is never done in half
+        precision.
 
     Examples
     --------
@@ -94,7 +115,7 @@ class ProbRows:
     """
 
     def __init__(self, probs: torch.Tensor) -> None:
-        self.probs = probs
+        self.probs = unit_columns(probs)
 
     def select(self, rows: torch.Tensor) -> Selection:
         """Bind the ``[batch]`` int64 row indices of a step."""
@@ -118,37 +139,31 @@ class _SelectedProbs:
 class LogitRows:
     """Rows of logits with their sampling statistics.
 
-    Row ``r`` stands for the distribution
-    ``q(x) = exp(z(x) - log_norm[r])`` where ``z = logits[r] * inv_temperature[r]``, for the
-    tokens with ``z(x) >= cutoff[r]``, and ``q(x) = 0`` for the others (all of them when
-    ``cutoff[r]`` is NaN).
+    Row ``r`` stands for the distribution ``q(x) = exp(z(x) - log_norm[r])`` where
+    ``z = (logits[r] - shift[r]) * inv_temperature[r]`` (see
+    :func:`specsample.probs.scaled_logits`), for the tokens with ``z(x) >= cutoff[r]``, and
+    ``q(x) = 0`` for the others (all of them when ``cutoff[r]`` is NaN).
 
     Parameters
     ----------
     logits : torch.Tensor
-        ``[rows, vocab]`` logits (float32, float16 or bfloat16).
-    inv_temperature, cutoff, log_norm : torch.Tensor
-        ``[rows]`` float32 statistics, as computed by :func:`specsample.probs.row_stats`.
+        ``[rows, vocab]`` logits (float32, float16 or bfloat16; any strides).
+    stats : RowStats
+        ``[rows]`` statistics, as computed by :func:`specsample.probs.row_stats`.
 
     Examples
     --------
     >>> import math, torch
+    >>> from specsample.probs import row_stats
     >>> logits = torch.tensor([[0.0, math.log(3.0)]])
-    >>> one, none = torch.ones(1), torch.tensor([-math.inf])
-    >>> rows = LogitRows(logits, one, none, torch.tensor([math.log(4.0)]))
+    >>> rows = LogitRows(logits, row_stats(logits, torch.ones(1)))
     >>> rows.select(torch.tensor([0])).chunk(0, 2)
     tensor([[0.2500, 0.7500]])
     """
 
-    def __init__(
-        self,
-        logits: torch.Tensor,
-        inv_temperature: torch.Tensor,
-        cutoff: torch.Tensor,
-        log_norm: torch.Tensor,
-    ) -> None:
-        self.logits = logits
-        self.inv_temperature, self.cutoff, self.log_norm = inv_temperature, cutoff, log_norm
+    def __init__(self, logits: torch.Tensor, stats: RowStats) -> None:
+        self.logits = unit_columns(logits)
+        self.stats = stats
 
     def select(self, rows: torch.Tensor) -> Selection:
         """Bind the ``[batch]`` int64 row indices of a step."""
@@ -159,12 +174,19 @@ class _SelectedLogits:
     def __init__(self, source: LogitRows, rows: torch.Tensor) -> None:
         self.logits, self.rows, self.dtype = source.logits, rows, torch.float32
         self.device = source.logits.device
-        self.scale = source.inv_temperature[rows].unsqueeze(-1)
-        self.cutoff = source.cutoff[rows].unsqueeze(-1)
-        self.log_norm = source.log_norm[rows].unsqueeze(-1)
+        stats = source.stats
+        self.scale = stats.inv_temperature[rows].unsqueeze(-1)
+        self.shift = stats.shift[rows].unsqueeze(-1)
+        self.cutoff = stats.cutoff[rows].unsqueeze(-1)
+        self.log_norm = stats.log_norm[rows].unsqueeze(-1)
 
-    def _to_probs(self, z: torch.Tensor) -> torch.Tensor:
-        z = z.mul_(self.scale)
+    def _to_probs(self, x: torch.Tensor) -> torch.Tensor:
+        """Probabilities from float32 logits ``x``, in place (callers read the buffer).
+
+        The arithmetic of :func:`specsample.probs.scaled_logits`, then ``exp(z - log_norm)``.
+        """
+        top = x == self.shift
+        z = x.sub_(self.shift).mul_(self.scale).masked_fill_(top, 0.0)
         dropped = (z >= self.cutoff).logical_not_()
         return z.sub_(self.log_norm).exp_().masked_fill_(dropped, 0.0)
 
