@@ -31,7 +31,15 @@ from specsample.rules.block import block_verify
 from specsample.rules.chain import chain_verify
 from specsample.rules.tree import Drafting, tree_method, tree_verify
 from specsample.rules.typical import typical_acceptance
-from specsample.testing import Family, draw_inputs, make_family
+from specsample.testing import (
+    BLOCK_ENUMERATION_LIMIT,
+    EXTRA_FAMILIES,
+    FAMILIES,
+    Family,
+    check_table_size,
+    draw_inputs,
+    make_family,
+)
 
 _TREE_DRAFTING: Drafting = "iid"
 _TREE_RULE = tree_method(_TREE_DRAFTING)
@@ -43,7 +51,23 @@ RULES = (
 )
 """Rules compared, in table order: the exact chain rules, the tree rule, the lossy ones."""
 
-_ENUMERATION_LIMIT = 1 << 20
+MAX_K = 64
+"""Longest draft (deepest tree) :func:`compare_rules` takes."""
+
+MAX_TREE_NODES = 1024
+"""Most drafted nodes per tree, ``branching + branching**2 + ... + branching**k`` (with
+``branching = 2``, ``k <= 9``; with ``branching = 1``, any ``k <= MAX_K``)."""
+
+MAX_ROWS = 10**7
+"""Most verification steps per family, ``k`` and rule."""
+
+CHUNK_VALUES = 1 << 23
+"""Probabilities per tensor verified at once: steps are simulated in chunks of
+``min(CHUNK_ROWS, max(1, CHUNK_VALUES // (width * vocab)))`` rows (``width``: ``k + 1`` for
+chains, the tree's nodes plus the root for the tree), so memory does not grow with ``rows``."""
+
+CHUNK_ROWS = 1 << 16
+"""Most steps simulated at once (their per-step temporaries are bounded too)."""
 
 
 @dataclass(frozen=True)
@@ -76,11 +100,52 @@ class RuleResult:
     exact: bool
 
 
-def _summary(emitted: torch.Tensor) -> tuple[float, float]:
-    values = emitted.to(torch.float64)
-    mean = float(values.mean())
-    spread = float(values.std()) if values.numel() > 1 else 0.0
-    return mean, 1.96 * spread / math.sqrt(max(values.numel(), 1))
+class _Moments:
+    """Count, sum and sum of squares of the tokens emitted per step, chunk after chunk."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0.0
+        self.squares = 0.0
+
+    def add(self, emitted: torch.Tensor) -> None:
+        """Add the ``[rows]`` tokens emitted by ``rows`` steps."""
+        values = emitted.to(torch.float64)
+        self.count += values.numel()
+        self.total += float(values.sum())
+        self.squares += float((values * values).sum())
+
+    def summary(self) -> tuple[float, float]:
+        """The mean and the half-width of its 95% confidence interval."""
+        count = max(self.count, 1)
+        mean = self.total / count
+        spread = 0.0
+        if self.count > 1:
+            spread = math.sqrt(max(self.squares - count * mean * mean, 0.0) / (count - 1))
+        return mean, 1.96 * spread / math.sqrt(count)
+
+
+def _chunks(rows: int, width: int, vocab: int, seed: int) -> list[tuple[int, int]]:
+    """``(seed, rows)`` of each chunk of ``rows`` steps, a step being ``[width, vocab]``.
+
+    Chunk 0 keeps ``seed`` (so a single chunk is the unchunked computation); the others get
+    seeds of their own, derived from it.
+    """
+    size = min(CHUNK_ROWS, max(1, CHUNK_VALUES // (width * vocab)))
+    return [
+        (seed if index == 0 else _mix(seed, index), min(size, rows - begin))
+        for index, begin in enumerate(range(0, rows, size))
+    ]
+
+
+def _mix(seed: int, index: int) -> int:
+    """A seed for chunk ``index >= 1`` of a run seeded by ``seed``."""
+    return (seed * 6364136223846793005 + index * 1442695040888963407) % (1 << 63)
+
+
+def _tree_nodes(k: int, branching: int) -> int:
+    """Drafted nodes of a full tree: ``branching + branching**2 + ... + branching**k``."""
+    return sum(branching**depth for depth in range(1, k + 1))
 
 
 def _tree_inputs(
@@ -122,37 +187,77 @@ def _chain_rules(family: Family, rows: int, seed: int) -> dict[str, torch.Tensor
     }
 
 
-def _tree_rule(family: Family, rows: int, branching: int, seed: int) -> tuple[torch.Tensor, int]:
-    """``[rows]`` tokens emitted per step by the tree rule, and the nodes drafted per tree."""
+def _tree_rule(family: Family, rows: int, branching: int, seed: int) -> torch.Tensor:
+    """``[rows]`` tokens emitted per step by the tree rule."""
     generator = torch.Generator().manual_seed(seed + 2)
     target, tokens, parents, draft = _tree_inputs(family, rows, branching, generator)
-    emitted = tree_verify(
+    return tree_verify(
         target, tokens, parents, drafting=_TREE_DRAFTING, draft_probs=draft, generator=generator
     ).num_emitted
-    return emitted, tokens.shape[1] - 1
 
 
 def _theory(family: Family, rule: str) -> float:
     """Exact mean tokens per step of ``rule``; ``nan`` where unknown or too costly."""
     k = family.k
-    if rule == "chain" or (rule == "block" and family.vocab**k <= _ENUMERATION_LIMIT):
+    if rule == "chain" or (rule == "block" and family.vocab**k <= BLOCK_ENUMERATION_LIMIT):
         lengths = torch.arange(k + 1, dtype=torch.float64)
         return float((family.accepted_length_law(rule) * lengths).sum()) + 1.0
     return math.nan
 
 
 def _family_results(family: Family, rows: int, branching: int, seed: int) -> list[RuleResult]:
-    """One :class:`RuleResult` per rule of :data:`RULES` on ``family``."""
-    emitted = _chain_rules(family, rows, seed)
-    emitted[_TREE_RULE], nodes = _tree_rule(family, rows, branching, seed)
+    """One :class:`RuleResult` per rule of :data:`RULES` on ``family``, chunk by chunk."""
+    moments = {rule: _Moments() for rule in RULES}
+    for chunk_seed, size in _chunks(rows, family.k + 1, family.vocab, seed):
+        for rule, emitted in _chain_rules(family, size, chunk_seed).items():
+            moments[rule].add(emitted)
+    nodes = _tree_nodes(family.k, branching)
+    for chunk_seed, size in _chunks(rows, nodes + 1, family.vocab, seed):
+        moments[_TREE_RULE].add(_tree_rule(family, size, branching, chunk_seed))
     results = []
     for rule in RULES:
-        mean, half = _summary(emitted[rule])
+        mean, half = moments[rule].summary()
         drafted = nodes if METHODS[rule].drafts == "tree" else family.k
         theory = _theory(family, rule)
         exact = METHODS[rule].exact
         results.append(RuleResult(family.name, rule, family.k, drafted, mean, half, theory, exact))
     return results
+
+
+def _bounded(name: str, value: object, low: int, high: int | None = None) -> int:
+    """``value`` if it is an int in ``[low, high]``, else a ``TypeError``/``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < low or (high is not None and value > high):
+        allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be {allowed}, got {value}")
+    return value
+
+
+def _check_arguments(
+    families: Sequence[str], ks: Sequence[int], rows: int, vocab: int, branching: int
+) -> None:
+    """Refuse every argument of :func:`compare_rules` out of its documented range."""
+    if isinstance(families, str) or not families:
+        raise TypeError(f"families must be a non-empty sequence of names, got {families!r}")
+    for name in families:
+        if name not in FAMILIES + EXTRA_FAMILIES:
+            known = ", ".join(FAMILIES + EXTRA_FAMILIES)
+            raise ValueError(f"families: {name!r} is unknown; choose from {known}")
+    if isinstance(ks, (str, int)) or not ks:
+        raise TypeError(f"ks must be a non-empty sequence of draft lengths, got {ks!r}")
+    for k in ks:
+        _bounded("every k", k, 1, MAX_K)
+    _bounded("rows", rows, 2, MAX_ROWS)
+    _bounded("branching", branching, 1, MAX_TREE_NODES)
+    nodes = _tree_nodes(max(ks), branching)
+    if nodes > MAX_TREE_NODES:
+        raise ValueError(
+            f"branching={branching} with k={max(ks)} makes trees of {nodes} nodes, more than "
+            f"MAX_TREE_NODES = {MAX_TREE_NODES}: lower branching or k"
+        )
+    _bounded("vocab", vocab, 2)
+    check_table_size(max(ks), vocab)
 
 
 def compare_rules(
@@ -171,13 +276,17 @@ def compare_rules(
     families : sequence of str
         Names accepted by :func:`specsample.testing.make_family`.
     ks : sequence of int
-        Draft lengths (tree depths), each >= 1.
+        Draft lengths (tree depths), each in ``[1, MAX_K]`` (64).
     rows : int
-        Verification steps simulated per family, ``k`` and rule.
+        Verification steps simulated per family, ``k`` and rule, in ``[2, MAX_ROWS]``
+        (``10**7``). They run in chunks (see :data:`CHUNK_VALUES`), so memory does not grow
+        with ``rows``.
     vocab : int
-        Vocabulary of the toy families.
+        Vocabulary of the toy families, ``>= 2`` with ``(max(ks) + 1) * vocab**2 <=``
+        :data:`specsample.testing.MAX_TABLE_ENTRIES` (``vocab <= 836`` at ``k = 5``).
     branching : int
-        Children per tree node (the tree has ``branching ** d`` nodes at depth ``d``).
+        Children per tree node (the tree has ``branching ** d`` nodes at depth ``d``), with
+        at most :data:`MAX_TREE_NODES` (1024) drafted nodes at ``max(ks)``.
     seed : int
         Seeds the families, drafts and verifiers.
 
@@ -188,9 +297,11 @@ def compare_rules(
 
     Raises
     ------
+    TypeError
+        ``families`` or ``ks`` is not a non-empty sequence, or a size is not an int.
     ValueError
-        ``rows`` is below 2, ``branching`` below 1, ``ks`` is empty or holds a length below
-        1, or a family name is unknown.
+        A size is out of the range above (the message names it), or a family name is
+        unknown.
 
     Examples
     --------
@@ -198,12 +309,7 @@ def compare_rules(
     >>> [r.rule for r in rows], rows[0].drafted
     (['chain', 'block', 'mss', 'typical'], 2)
     """
-    if rows < 2:
-        raise ValueError(f"rows must be >= 2, got {rows}")
-    if branching < 1:
-        raise ValueError(f"branching must be >= 1, got {branching}")
-    if not ks or any(k < 1 for k in ks):
-        raise ValueError(f"ks must hold draft lengths, and every k must be >= 1, got {list(ks)}")
+    _check_arguments(families, ks, rows, vocab, branching)
     results = []
     for name in families:
         largest = make_family(name, k=max(ks), vocab=vocab, seed=seed)

@@ -363,7 +363,7 @@ def test_cli_plot_without_matplotlib(model_dirs, capsys, monkeypatch, tmp_path) 
         (["--draft", "{other}"], "tokenizers differ"),
         (["--draft", "{missing}"], "does not exist"),
         (["--draft", "{draft}", "--method", "block", "--ngram"], "not both"),
-        (["--draft", "{draft}", "-k", "0"], "positive"),
+        (["--draft", "{draft}", "-k", "0"], "argument -k: expected an integer in [1, 64]"),
     ],
 )
 def test_cli_generate_errors(model_dirs, capsys, tmp_path, extra, message) -> None:

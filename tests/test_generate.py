@@ -13,9 +13,11 @@ false-failure rate is below 1e-4.
 from __future__ import annotations
 
 import copy
+import inspect
 import itertools
 import subprocess
 import sys
+import warnings
 from typing import Any
 
 import pytest
@@ -431,8 +433,8 @@ def test_validation_errors(pair) -> None:
         target_generate(target, PROMPTS, max_new_tokens=0)
     with pytest.raises(ValueError, match="seeds"):
         target_generate(target, PROMPTS, seeds=[1, 2])
-    with pytest.raises(ValueError, match="k must be <= 255"):
-        speculative_generate(target, PROMPTS, draft, k=256)
+    with pytest.raises(ValueError, match="k must be <= 64"):
+        speculative_generate(target, PROMPTS, draft, k=65)
     with pytest.raises(TypeError, match="method must be a str"):
         speculative_generate(target, PROMPTS, draft, method=None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="top_p"):
@@ -510,6 +512,92 @@ def test_masked_cache_check(pair) -> None:
         hf.check_masked_cache(IgnoresPositions(pair[0]))
     with pytest.raises(ValueError, match="the draft model does not honour"):
         speculative_generate(pair[0], [[1, 2]], IgnoresPositions(pair[1]))
+
+
+# --------------------------------------------------------------------------- forward compatibility
+
+
+class _CacheKeyword(torch.nn.Module):
+    """A causal LM whose forward takes its KV cache under one keyword, recording each use.
+
+    The cache is handed on to the wrapped model under the keyword the installed
+    ``transformers`` expects, so the wrapper runs on every version.
+    """
+
+    keyword = ""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.inner = model
+        self.config = model.config
+        self.inner_keyword = hf.cache_argument(inspect.signature(model.forward).parameters)
+        self.seen: list[str] = []
+
+    def run(self, cache: Any, kwargs: dict[str, Any]) -> Any:
+        assert not {"cache", "past_key_values"} & set(kwargs), "the cache came twice"
+        if cache is not None:
+            self.seen.append(self.keyword)
+        return self.inner(**kwargs, **{self.inner_keyword: cache})
+
+
+class _TakesCache(_CacheKeyword):
+    keyword = "cache"
+
+    def forward(self, input_ids: Any, cache: Any = None, **kwargs: Any) -> Any:
+        return self.run(cache, {"input_ids": input_ids, **kwargs})
+
+
+class _TakesPastKeyValues(_CacheKeyword):
+    keyword = "past_key_values"
+
+    def forward(self, input_ids: Any, past_key_values: Any = None, **kwargs: Any) -> Any:
+        return self.run(past_key_values, {"input_ids": input_ids, **kwargs})
+
+
+@pytest.mark.parametrize("wrapper", [_TakesCache, _TakesPastKeyValues])
+def test_the_cache_goes_by_the_keyword_the_forward_names(pair, greedy_reference, wrapper) -> None:
+    """transformers 5 names the cache ``cache=``; earlier versions ``past_key_values=``."""
+    target, draft = wrapper(pair[0]), wrapper(pair[1])
+    out = speculative_generate(target, PROMPTS[:2], draft, k=3, max_new_tokens=24)
+    assert out.sequences == greedy_reference[:2]
+    assert set(target.seen) == {wrapper.keyword} and set(draft.seen) == {wrapper.keyword}
+
+
+def test_no_cache_deprecation_warning_on_the_installed_transformers(pair) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        speculative_generate(pair[0], [[1, 2, 3]], pair[1], k=2, max_new_tokens=6)
+    assert not [w for w in caught if "past_key_values" in str(w.message)]
+
+
+# --------------------------------------------------------------------------- draft vocabulary
+
+
+def test_a_draft_with_a_smaller_vocabulary_is_refused_before_it_runs(pair) -> None:
+    torch.manual_seed(1)
+    small = transformers.LlamaForCausalLM(_config(1, vocab_size=VOCAB - 8)).eval().double()
+    calls: list[int] = []
+    small.register_forward_hook(lambda *args: calls.append(1))
+    message = f"vocabulary has {VOCAB - 8} tokens but the target's has {VOCAB}"
+    with pytest.raises(ValueError, match=message):
+        speculative_generate(pair[0], [[1, 2, VOCAB - 1]], small, k=2)
+    assert calls == []
+    with pytest.raises(ValueError, match=message):
+        speculative_generate(pair[0], [[1, 2]], ModelDrafter(small), k=2)
+
+
+def test_a_draft_with_a_larger_vocabulary_proposes_target_tokens_only(
+    pair, greedy_reference
+) -> None:
+    """Extra draft logits (a padded embedding table) are dropped: the output is unchanged."""
+    torch.manual_seed(1)
+    big = transformers.LlamaForCausalLM(_config(1, vocab_size=VOCAB + 8)).eval().double()
+    out = speculative_generate(pair[0], PROMPTS[:2], big, k=3, max_new_tokens=24)
+    assert out.sequences == greedy_reference[:2]
+    sampled = speculative_generate(
+        pair[0], PROMPTS[:2], big, k=3, temperature=1.0, max_new_tokens=24, seeds=2
+    )
+    assert all(max(s) < VOCAB for s in sampled.sequences)
 
 
 def test_import_without_transformers() -> None:

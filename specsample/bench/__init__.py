@@ -39,11 +39,23 @@ memory (reusable for any calls), :mod:`specsample.bench.contestants` lists what 
 table and :mod:`specsample.bench.command` holds the command-line options.
 """
 
-from specsample.bench.command import add_arguments, parse_positive_int, parse_shape, run_from_args
+from specsample.bench.command import (
+    MAX_REPEATS,
+    MAX_THREADS,
+    add_arguments,
+    int_in_range,
+    parse_positive_int,
+    parse_shape,
+    run_from_args,
+)
 from specsample.bench.contestants import CONTESTANTS, SLOW
 from specsample.bench.inputs import (
     DEFAULT_SHAPES,
     DRAFT_MIX,
+    MAX_SHAPE_BATCH,
+    MAX_SHAPE_K,
+    MAX_SHAPE_VALUES,
+    MAX_SHAPE_VOCAB,
     QUICK_SHAPES,
     TARGET_SCALE,
     BenchInputs,
@@ -68,6 +80,12 @@ __all__ = [
     "CONTESTANTS",
     "DEFAULT_SHAPES",
     "DRAFT_MIX",
+    "MAX_REPEATS",
+    "MAX_SHAPE_BATCH",
+    "MAX_SHAPE_K",
+    "MAX_SHAPE_VALUES",
+    "MAX_SHAPE_VOCAB",
+    "MAX_THREADS",
     "MIN_FLUSH_BYTES",
     "QUICK_SHAPES",
     "SLOW",
@@ -83,6 +101,7 @@ __all__ = [
     "correlated_logits",
     "extra_peak_bytes",
     "format_table",
+    "int_in_range",
     "make_inputs",
     "parse_positive_int",
     "parse_shape",

@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
-from specsample.bench.inputs import DEFAULT_SHAPES, QUICK_SHAPES, Shape, _check_shape
+from specsample.bench.inputs import (
+    DEFAULT_SHAPES,
+    MAX_SHAPE_BATCH,
+    MAX_SHAPE_K,
+    MAX_SHAPE_VALUES,
+    MAX_SHAPE_VOCAB,
+    QUICK_SHAPES,
+    Shape,
+    _check_shape,
+)
 from specsample.bench.runner import run_benchmark
 from specsample.bench.table import format_table
 
@@ -53,6 +63,45 @@ def parse_positive_int(text: str) -> int:
     return value
 
 
+MAX_REPEATS = 1000
+"""Most cold calls ``--repeats`` may ask for."""
+
+MAX_THREADS = 256
+"""Most CPU threads ``--threads`` may ask for."""
+
+
+def int_in_range(low: int, high: int) -> Callable[[str], int]:
+    """A command-line type: an integer in ``[low, high]``.
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        From the returned parser, when the text is not such an integer.
+
+    Examples
+    --------
+    >>> parse = int_in_range(1, 64)
+    >>> parse("64")
+    64
+    >>> parse("65")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected an integer in [1, 64], got 65
+    """
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            shown = repr(text) if value is None else value
+            raise argparse.ArgumentTypeError(f"expected an integer in [{low}, {high}], got {shown}")
+        return value
+
+    return parse
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the benchmark's options to ``parser``.
 
@@ -78,17 +127,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         type=parse_shape,
         metavar="BxKxV",
-        help="shapes to run, such as 8x4x32000 (default: the five standard shapes)",
+        help="shapes to run, such as 8x4x32000 (default: the five standard shapes); "
+        f"batch <= {MAX_SHAPE_BATCH}, k <= {MAX_SHAPE_K}, vocab <= {MAX_SHAPE_VOCAB} and "
+        f"batch * (k + 1) * vocab <= 2**{MAX_SHAPE_VALUES.bit_length() - 1}",
     )
     parser.add_argument(
         "--repeats",
-        type=parse_positive_int,
+        type=int_in_range(1, MAX_REPEATS),
         default=None,
-        help="cold calls timed for ours and the floor (default 7, --quick 3); "
-        "naive and transformers get at most 3",
+        help="cold calls timed for ours and the floor (default 7, --quick 3; at most "
+        f"{MAX_REPEATS}); naive and transformers get at most 3",
     )
     parser.add_argument(
-        "--threads", type=parse_positive_int, default=None, help="CPU threads torch may use"
+        "--threads",
+        type=int_in_range(1, MAX_THREADS),
+        default=None,
+        help=f"CPU threads torch may use (at most {MAX_THREADS})",
     )
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
 

@@ -22,6 +22,19 @@ DEFAULT_SHAPES: tuple[Shape, ...] = (
 QUICK_SHAPES: tuple[Shape, ...] = ((8, 4, 32000), (64, 4, 128256))
 """A small subset for a quick look."""
 
+MAX_SHAPE_BATCH = 4096
+"""Largest batch of a shape (the slow contestants loop over the sequences in Python)."""
+
+MAX_SHAPE_K = 255
+"""Largest ``k`` of a shape (the verifier's random streams allow ``k < 256``)."""
+
+MAX_SHAPE_VOCAB = 1 << 20
+"""Largest vocabulary of a shape."""
+
+MAX_SHAPE_VALUES = 1 << 27
+"""Most probabilities per input tensor, ``batch * (k + 1) * vocab`` (512 MiB in float32);
+the largest default shape has 4.1e7."""
+
 TARGET_SCALE = 4.0
 """Target logits are ``TARGET_SCALE * z`` with ``z`` standard normal."""
 
@@ -58,8 +71,19 @@ def _check_shape(shape: Sequence[int]) -> Shape:
     if len(shape) != 3 or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
         raise TypeError(f"a shape must be three integers (batch, k, vocab), got {shape!r}")
     batch, k, vocab = shape
-    if batch < 1 or k < 1 or vocab < 2:
-        raise ValueError(f"a shape needs batch >= 1, k >= 1 and vocab >= 2, got {tuple(shape)}")
+    if not (
+        1 <= batch <= MAX_SHAPE_BATCH and 1 <= k <= MAX_SHAPE_K and 2 <= vocab <= MAX_SHAPE_VOCAB
+    ):
+        raise ValueError(
+            f"a shape needs batch in [1, {MAX_SHAPE_BATCH}], k in [1, {MAX_SHAPE_K}] and vocab in "
+            f"[2, {MAX_SHAPE_VOCAB}], got {tuple(shape)}"
+        )
+    values = batch * (k + 1) * vocab
+    if values > MAX_SHAPE_VALUES:
+        raise ValueError(
+            f"a shape needs batch * (k + 1) * vocab <= {MAX_SHAPE_VALUES} (2**27), got "
+            f"{tuple(shape)} with {values}"
+        )
     return batch, k, vocab
 
 
@@ -123,7 +147,9 @@ def make_inputs(
     Raises
     ------
     TypeError, ValueError
-        The shape is not three integers, or is out of range.
+        The shape is not three integers, or is out of range: batch in ``[1, MAX_SHAPE_BATCH]``,
+        k in ``[1, MAX_SHAPE_K]``, vocab in ``[2, MAX_SHAPE_VOCAB]`` and
+        ``batch * (k + 1) * vocab <= MAX_SHAPE_VALUES``.
 
     Examples
     --------

@@ -171,9 +171,9 @@ def run_benchmark(
     TypeError
         A shape is not three integers.
     ValueError
-        A shape is out of range; ``repeats``, ``slow_repeats``, ``threads`` or
-        ``flush_bytes`` is not positive; or the device is neither an available CUDA device
-        nor the CPU.
+        A shape is out of range (see :func:`make_inputs`); ``repeats``, ``slow_repeats``,
+        ``threads`` or ``flush_bytes`` is not positive; or the device is neither an available
+        CUDA device nor the CPU.
 
     Examples
     --------

@@ -12,12 +12,15 @@ report :class:`GenerationStats`.
 """
 
 from specsample.generate.drafters import Drafter, ModelDrafter, Proposal
-from specsample.generate.loop import GenerationOutput, speculative_generate, target_generate
+from specsample.generate.inputs import MAX_NEW_TOKENS
+from specsample.generate.loop import MAX_K, GenerationOutput, speculative_generate, target_generate
 from specsample.generate.ngram import NGramDrafter
 from specsample.generate.state import DecodeState, Prefill, SamplingState
 from specsample.generate.stats import GenerationStats
 
 __all__ = [
+    "MAX_K",
+    "MAX_NEW_TOKENS",
     "DecodeState",
     "Drafter",
     "GenerationOutput",

@@ -113,7 +113,9 @@ class _Batch:
         device = run.lm.device
         lengths = [len(p) for p in prompts]
         capacity = max(lengths) + max(budgets) + run.k + 2
-        tokens = torch.tensor([p + [0] * (capacity - len(p)) for p in prompts], dtype=torch.int64)
+        tokens = torch.zeros(len(prompts), capacity, dtype=torch.int64)
+        for row, prompt in enumerate(prompts):
+            tokens[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.int64)
         self.run = run
         self.state = DecodeState(
             tokens.to(device), torch.tensor(lengths, device=device), max(lengths), run.lm.vocab_size

@@ -110,8 +110,9 @@ class ModelDrafter:
     Parameters
     ----------
     model : transformers.PreTrainedModel
-        A causal LM sharing the target's tokenizer, whose forward honours an attention mask
-        and explicit position ids together with a cache (see
+        A causal LM sharing the target's tokenizer (its vocabulary may be larger than the
+        target's, never smaller; extra logits are dropped), whose forward honours an
+        attention mask and explicit position ids together with a cache (see
         :func:`specsample.generate.hf.check_masked_cache`).
     """
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,37 @@ def _config(model: Any) -> Any:
     return get_text(decoder=True) if callable(get_text) else config
 
 
+def vocab_size(model: Any, role: str = "target") -> int:
+    """The vocabulary of a causal LM: its config's ``vocab_size`` (the width of its logits).
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        The causal LM.
+    role : str
+        ``"target"`` or ``"draft"``, for error messages.
+
+    Raises
+    ------
+    TypeError
+        ``model`` is not a callable with a ``.config``.
+    ValueError
+        The config has no positive int ``vocab_size``.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> model = lambda **kwargs: None
+    >>> model.config = SimpleNamespace(vocab_size=4096)
+    >>> vocab_size(model)
+    4096
+    """
+    vocab = getattr(_config(model), "vocab_size", None)
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+        raise ValueError(f"the {role} model's config has no valid vocab_size ({vocab!r})")
+    return vocab
+
+
 def _refuse_sliding_windows(config: Any, role: str) -> None:
     layer_types = getattr(config, "layer_types", None) or ()
     sliding = any(t != "full_attention" for t in layer_types)
@@ -64,6 +95,26 @@ def _refuse_sliding_windows(config: Any, role: str) -> None:
         )
 
 
+def cache_argument(parameters: Mapping[str, inspect.Parameter]) -> str:
+    """The keyword a model's forward takes its KV cache by: ``"cache"`` or ``"past_key_values"``.
+
+    ``transformers`` 5 names it ``cache`` (``past_key_values`` is deprecated there, to be
+    removed in 5.40); earlier versions only know ``past_key_values``. The current name is
+    used whenever the forward's signature (``inspect.signature(model.forward).parameters``)
+    lists it.
+
+    Examples
+    --------
+    >>> def new(input_ids, cache=None, **kwargs): ...
+    >>> def old(input_ids, past_key_values=None, **kwargs): ...
+    >>> cache_argument(inspect.signature(new).parameters)
+    'cache'
+    >>> cache_argument(inspect.signature(old).parameters)
+    'past_key_values'
+    """
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
 class CachedLM:
     """A causal LM and its KV cache, fed rectangular blocks of slots with a per-slot mask.
 
@@ -71,7 +122,9 @@ class CachedLM:
     ----------
     model : transformers.PreTrainedModel
         A causal LM whose forward takes ``input_ids``, ``attention_mask``, ``position_ids``
-        and a cache (``cache`` or ``past_key_values``) and returns ``.logits``.
+        and a cache and returns ``.logits``. The cache is passed as ``cache=`` when the
+        forward's signature names it (``transformers`` 5), else as ``past_key_values=``
+        (see :func:`cache_argument`); the signature is read once, here.
     role : str
         ``"target"`` or ``"draft"``, for error messages.
     check : bool
@@ -93,12 +146,9 @@ class CachedLM:
         self.role = role
         self.config = config
         self.max_positions: int | None = getattr(config, "max_position_embeddings", None)
-        vocab = getattr(config, "vocab_size", None)
-        if not isinstance(vocab, int) or vocab < 1:
-            raise ValueError(f"the {role} model's config has no valid vocab_size ({vocab!r})")
-        self.vocab_size = vocab
+        self.vocab_size = vocab_size(model, role)
         params = inspect.signature(model.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._cache_arg = cache_argument(params)
         self._keep_arg = next(
             (name for name in ("logits_to_keep", "num_logits_to_keep") if name in params), None
         )

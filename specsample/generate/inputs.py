@@ -10,6 +10,10 @@ from collections.abc import Sequence
 
 import torch
 
+MAX_NEW_TOKENS = 1 << 20
+"""Most tokens one call may generate per prompt (the committed tokens of a batch are kept in
+one ``[batch, prompt + max_new_tokens + k]`` int64 buffer)."""
+
 
 def prompt_list(prompts: object) -> list[list[int]]:
     """The prompts as lists of token ids (from a ``[batch, length]`` tensor or a sequence).
@@ -117,14 +121,15 @@ def token_budgets(
     Raises
     ------
     ValueError
-        A prompt is empty, holds ids outside ``[0, vocab_size)`` or fills the context.
+        ``max_new_tokens`` is outside ``[1, MAX_NEW_TOKENS]``; a prompt is empty, holds ids
+        outside ``[0, vocab_size)`` or fills the context.
 
     Examples
     --------
     >>> token_budgets([[1, 2], [3]], 8, 10, 6)
     [4, 5]
     """
-    check_int("max_new_tokens", max_new_tokens, 1)
+    check_int("max_new_tokens", max_new_tokens, 1, MAX_NEW_TOKENS)
     budgets = []
     for i, prompt in enumerate(prompts):
         if not prompt:

@@ -35,15 +35,17 @@ import torch
 from specsample.generate import inputs
 from specsample.generate.batch import ProgressCallback, Run, TokenCallback, decode_batch
 from specsample.generate.drafters import Drafter, ModelDrafter
-from specsample.generate.hf import CachedLM
-from specsample.generate.state import DRAFT_STRIDE, SamplingState
+from specsample.generate.hf import CachedLM, vocab_size
+from specsample.generate.state import SamplingState
 from specsample.generate.stats import GenerationStats
 from specsample.metadata import Scalars
 from specsample.methods import METHODS, chain_methods, check_method
-from specsample.random import STEP_STRIDE
 
-MAX_K = min(STEP_STRIDE - 1, DRAFT_STRIDE)
-"""Most drafts per step (the random streams' stripes bound it)."""
+MAX_K = 64
+"""Most drafts per step. Every step costs ``k`` draft forwards and a target forward over
+``k + 1`` slots per sequence, while the chance that all drafts are accepted decays
+geometrically with ``k``; the random streams would allow up to
+``specsample.random.STEP_STRIDE - 1``."""
 
 
 class GenerationOutput(NamedTuple):
@@ -79,7 +81,7 @@ def _generate(
     on_progress: ProgressCallback | None,
 ) -> GenerationOutput:
     """Validate the call, then decode the prompts ``max_batch_size`` at a time."""
-    lm = target if isinstance(target, CachedLM) else CachedLM(target, role="target")
+    lm = _target_lm(target)
     prompt_ids = inputs.prompt_list(prompts)
     count = len(prompt_ids)
     budgets = inputs.token_budgets(prompt_ids, max_new_tokens, lm.vocab_size, lm.max_positions)
@@ -103,16 +105,45 @@ def _generate(
     return GenerationOutput(results, stats)
 
 
-def _as_drafter(drafter: object) -> Drafter:
-    """``drafter`` itself, or a :class:`ModelDrafter` of a causal LM."""
-    if isinstance(drafter, Drafter):
+def _target_lm(target: Any) -> CachedLM:
+    """``target`` itself, or a :class:`CachedLM` of a causal LM."""
+    return target if isinstance(target, CachedLM) else CachedLM(target, role="target")
+
+
+def _as_drafter(drafter: object, lm: CachedLM) -> Drafter:
+    """``drafter`` itself, or a :class:`ModelDrafter` of a causal LM, checked against ``lm``.
+
+    A draft model must know every token the target may emit: its vocabulary may be larger
+    than the target's (the extra tokens are never proposed), never smaller. This is checked
+    on the config before the draft model runs at all.
+    """
+    if isinstance(drafter, ModelDrafter):
+        draft_vocab = drafter.lm.vocab_size
+    elif isinstance(drafter, Drafter):
         return drafter
-    if getattr(drafter, "config", None) is None:
+    elif getattr(drafter, "config", None) is not None:
+        draft_vocab = vocab_size(drafter, role="draft")
+    else:
         raise TypeError(
             "drafter must be a Drafter (e.g. NGramDrafter()) or a transformers causal LM, "
             f"got {type(drafter).__name__}"
         )
-    return ModelDrafter(drafter)
+    if draft_vocab < lm.vocab_size:
+        raise ValueError(
+            f"drafter: the draft model's vocabulary has {draft_vocab} tokens but the target's "
+            f"has {lm.vocab_size}; the draft model cannot read every token the target may "
+            "emit (are they from the same tokenizer family?)"
+        )
+    return drafter if isinstance(drafter, ModelDrafter) else ModelDrafter(drafter)
+
+
+def _check_context(k: int, lm: CachedLM) -> None:
+    """Refuse a ``k`` that is not below the target's context."""
+    if lm.max_positions is not None and k >= lm.max_positions:
+        raise ValueError(
+            f"k must be below the target's context ({lm.max_positions} positions): a step "
+            f"scores k + 1 slots, got k={k}"
+        )
 
 
 def speculative_generate(
@@ -150,8 +181,10 @@ def speculative_generate(
         A :class:`~specsample.generate.drafters.Drafter` (e.g. an
         :class:`~specsample.generate.ngram.NGramDrafter`), or a draft causal LM sharing
         the target's tokenizer (wrapped in a :class:`~specsample.generate.drafters.ModelDrafter`).
+        A draft model's vocabulary (``config.vocab_size``) must be at least the target's.
     k : int
-        Drafts per step, in ``[1, MAX_K]``.
+        Drafts per step, in ``[1, MAX_K]`` (64) and below the target's context
+        (``max_position_embeddings``).
     method : str
         One of :func:`specsample.methods.chain_methods` ``(lossy=True)``: ``"chain"`` (token
         by token) or ``"block"`` (block verification; needs a drafter that samples, such as
@@ -162,7 +195,8 @@ def speculative_generate(
         Sampling parameters, one value or one per prompt, as in :func:`specsample.verify`
         (temperature 0: greedy). The draft model's distributions get the same processing.
     max_new_tokens : int
-        Most tokens generated per prompt (fewer if the target's context ends first).
+        Most tokens generated per prompt, in ``[1, MAX_NEW_TOKENS]`` (``2**20``; fewer if
+        the target's context ends first).
     eos_token_id : int or sequence of int, optional
         A sequence stops after producing one of these.
     seeds : int or sequence of (int or None), optional
@@ -172,7 +206,9 @@ def speculative_generate(
     generator : torch.Generator, optional
         Randomness of unseeded prompts (torch's default generator when ``None``).
     max_batch_size : int, optional
-        Decode at most this many prompts at once (default: all).
+        Decode at most this many prompts at once (default: all). A step holds about
+        ``batch * (k + 1) * vocab`` logits (and as many draft probabilities), so memory grows
+        with it, not with the number of prompts.
     on_tokens : callable, optional
         ``on_tokens(prompt_index, new_token_ids)`` every step a sequence grows (one extra
         host transfer per step).
@@ -183,17 +219,30 @@ def speculative_generate(
     -------
     GenerationOutput
         The generated ids per prompt and the run's :class:`GenerationStats`.
+
+    Raises
+    ------
+    TypeError
+        An argument of the wrong type (``drafter`` neither a Drafter nor a causal LM, ...).
+    ValueError
+        ``k``, ``max_new_tokens``, ``max_batch_size``, a prompt, a seed or a sampling
+        parameter out of range (the message names it); ``method`` unknown, or ``"block"``
+        with a drafter that does not sample; a draft model whose vocabulary is smaller than
+        the target's (both sizes named, before either model decodes); a model that does not
+        honour a masked cache.
     """
     inputs.check_int("k", k, 1, MAX_K)
     check_method(method, chain_methods(lossy=True))
-    source = _as_drafter(drafter)
+    lm = _target_lm(target)
+    _check_context(k, lm)
+    source = _as_drafter(drafter, lm)
     if METHODS[method].needs_draft_probs and not source.samples:
         raise ValueError(
             f"method={method!r} needs draft distributions, which the {source.name} drafter "
             "does not provide; use method='chain'"
         )
     return _generate(
-        target,
+        lm,
         prompts,
         source,
         k=k,

@@ -54,7 +54,15 @@ Examples
 """
 
 from specsample.testing.chisquare import MIN_EXPECTED, chi2_isf, chi2_sf, detectable_tv, ncx2_sf
-from specsample.testing.families import EXTRA_FAMILIES, FAMILIES, Family, make_family
+from specsample.testing.families import (
+    BLOCK_ENUMERATION_LIMIT,
+    EXTRA_FAMILIES,
+    FAMILIES,
+    MAX_TABLE_ENTRIES,
+    Family,
+    check_table_size,
+    make_family,
+)
 from specsample.testing.report import (
     ExactnessReport,
     PositionResult,
@@ -62,6 +70,8 @@ from specsample.testing.report import (
     well_formed,
 )
 from specsample.testing.simulation import (
+    DRAW_BLOCK_ROWS,
+    DRAW_BLOCK_VALUES,
     Simulation,
     Verifier,
     VerifierInputs,
@@ -70,8 +80,12 @@ from specsample.testing.simulation import (
 )
 
 __all__ = [
+    "BLOCK_ENUMERATION_LIMIT",
+    "DRAW_BLOCK_ROWS",
+    "DRAW_BLOCK_VALUES",
     "EXTRA_FAMILIES",
     "FAMILIES",
+    "MAX_TABLE_ENTRIES",
     "MIN_EXPECTED",
     "ExactnessReport",
     "Family",
@@ -79,6 +93,7 @@ __all__ = [
     "Simulation",
     "Verifier",
     "VerifierInputs",
+    "check_table_size",
     "chi2_isf",
     "chi2_sf",
     "detectable_tv",

@@ -18,6 +18,16 @@ FAMILIES = ("random", "sparse", "equal", "onehot_draft", "onehot_target", "peake
 EXTRA_FAMILIES = ("zipf",)
 """Further families, for comparisons on larger vocabularies."""
 
+MAX_TABLE_ENTRIES = 1 << 22
+"""Most entries of a family's target table, ``(k + 1) * vocab ** 2`` (32 MiB in float64).
+
+:func:`make_family` refuses larger families: the tables, their float64 drafts and the
+per-context counts of :func:`specsample.testing.exactness_report` all have this size."""
+
+BLOCK_ENUMERATION_LIMIT = 1 << 20
+"""Most draft sequences, ``vocab ** k``, that :meth:`Family.accepted_length_law` enumerates
+for block verification (each takes a few float64 values per draft position)."""
+
 
 @dataclass(frozen=True, eq=False)
 class Family:
@@ -117,9 +127,15 @@ class Family:
 
         ``"chain"`` follows from :meth:`prefix_acceptance`. ``"block"`` (block verification,
         :mod:`specsample.rules.block`) enumerates every draft sequence (``vocab ** k`` of
-        them) with its probability; given the drafts, the accepted length is the last ``i``
-        with ``eta_i < h_i`` for independent uniforms, so
-        ``P(tau = i) = h_i prod_{j > i} (1 - h_j)``.
+        them, at most :data:`BLOCK_ENUMERATION_LIMIT`) with its probability; given the
+        drafts, the accepted length is the last ``i`` with ``eta_i < h_i`` for independent
+        uniforms, so ``P(tau = i) = h_i prod_{j > i} (1 - h_j)``.
+
+        Raises
+        ------
+        ValueError
+            ``rule`` is unknown, or ``"block"`` would enumerate more than
+            :data:`BLOCK_ENUMERATION_LIMIT` draft sequences.
 
         Examples
         --------
@@ -133,6 +149,11 @@ class Family:
             return prefix[:-1] - prefix[1:]
         if rule != "block":
             raise ValueError(f"rule must be 'chain' or 'block', got {rule!r}")
+        if self.vocab**self.k > BLOCK_ENUMERATION_LIMIT:
+            raise ValueError(
+                f"rule='block' enumerates vocab ** k = {self.vocab}**{self.k} draft sequences; "
+                f"at most {BLOCK_ENUMERATION_LIMIT} (BLOCK_ENUMERATION_LIMIT) are allowed"
+            )
         prob, h = self._block_acceptance()
         law = torch.zeros(self.k + 1, dtype=torch.float64)
         survive = torch.ones_like(prob)
@@ -253,6 +274,30 @@ _BUILDERS: dict[str, Callable[[tuple[int, int], int], _Pair]] = {
 }
 
 
+def check_table_size(k: int, vocab: int) -> None:
+    """Refuse a family whose target table would exceed :data:`MAX_TABLE_ENTRIES` entries.
+
+    Raises
+    ------
+    ValueError
+        ``(k + 1) * vocab ** 2 > MAX_TABLE_ENTRIES``, naming ``vocab`` and ``k``.
+
+    Examples
+    --------
+    >>> check_table_size(5, 836)
+    >>> check_table_size(5, 837)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: vocab=837 with k=5 needs tables of (k + 1) * vocab**2 = 4203414 entries, ...
+    """
+    entries = (k + 1) * vocab * vocab
+    if entries > MAX_TABLE_ENTRIES:
+        raise ValueError(
+            f"vocab={vocab} with k={k} needs tables of (k + 1) * vocab**2 = {entries} entries, "
+            f"more than MAX_TABLE_ENTRIES = {MAX_TABLE_ENTRIES}: lower vocab or k"
+        )
+
+
 def make_family(name: str, k: int, vocab: int = 8, seed: int = 0, start: int = 0) -> Family:
     """Build one of the toy pairs of :data:`FAMILIES` from a seed.
 
@@ -276,7 +321,8 @@ def make_family(name: str, k: int, vocab: int = 8, seed: int = 0, start: int = 0
     k : int
         Drafted tokens per row (``>= 1``).
     vocab : int
-        Vocabulary size (``>= 2``).
+        Vocabulary size (``>= 2``), with ``(k + 1) * vocab ** 2 <= MAX_TABLE_ENTRIES``
+        (for example ``vocab <= 836`` at ``k = 5``, ``vocab <= 254`` at ``k = 64``).
     seed : int
         Seeds the draws; the global random state is left untouched.
     start : int
@@ -289,6 +335,8 @@ def make_family(name: str, k: int, vocab: int = 8, seed: int = 0, start: int = 0
 
     Raises
     ------
+    TypeError
+        ``k`` or ``vocab`` is not an int.
     ValueError
         ``name`` is unknown, or ``k`` or ``vocab`` is out of range.
 
@@ -302,10 +350,14 @@ def make_family(name: str, k: int, vocab: int = 8, seed: int = 0, start: int = 0
     """
     if name not in FAMILIES + EXTRA_FAMILIES:
         raise ValueError(f"name must be one of {FAMILIES + EXTRA_FAMILIES}, got {name!r}")
+    for label, value in (("k", k), ("vocab", vocab)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{label} must be an int, got {type(value).__name__}")
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if vocab < 2:
         raise ValueError(f"vocab must be >= 2, got {vocab}")
+    check_table_size(k, vocab)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         target, draft = _BUILDERS[name]((k + 1, vocab), vocab)

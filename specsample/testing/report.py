@@ -17,7 +17,7 @@ import torch
 
 from specsample.testing.chisquare import _context_test, chi2_sf, detectable_tv
 from specsample.testing.families import Family
-from specsample.testing.simulation import Verifier, simulate
+from specsample.testing.simulation import Verifier, VerifierInputs, _run_blocks
 
 _VARIANCE_FLOOR = 1e-12
 
@@ -296,17 +296,19 @@ class _Acceptance(NamedTuple):
     mean_z: float
 
 
-def _acceptance(token_ids: torch.Tensor, family: Family, rule: str) -> _Acceptance:
-    """Compare the accepted lengths of the ``[rows, k + 1]`` output with their exact law."""
-    good = token_ids.shape[0]
-    accepted = ((token_ids != -1).sum(dim=1) - 1).to(torch.float64)
-    law = family.accepted_length_law(rule)
-    lengths = torch.arange(family.k + 1, dtype=torch.float64)
+def _acceptance(lengths: torch.Tensor, law: torch.Tensor) -> _Acceptance:
+    """Compare the accepted lengths (``[k + 1]`` int64 counts) with their exact law.
+
+    ``law`` is ``[k + 1]`` float64, from :meth:`Family.accepted_length_law`.
+    """
+    good = int(lengths.sum())
+    counts = lengths.to(torch.float64)
+    accepted = torch.arange(law.shape[0], dtype=torch.float64)
     expected_rate = min(max(float(law[1:].sum()), 0.0), 1.0)
-    rate = float((accepted >= 1).to(torch.float64).mean()) if good else math.nan
-    expected_mean = float((law * lengths).sum())
-    variance = max(float((law * lengths * lengths).sum()) - expected_mean * expected_mean, 0.0)
-    mean = float(accepted.mean()) if good else math.nan
+    rate = float(counts[1:].sum()) / good if good else math.nan
+    expected_mean = float((law * accepted).sum())
+    variance = max(float((law * accepted * accepted).sum()) - expected_mean * expected_mean, 0.0)
+    mean = float((counts * accepted).sum()) / good if good else math.nan
     return _Acceptance(
         rate=rate,
         expected_rate=expected_rate,
@@ -315,6 +317,25 @@ def _acceptance(token_ids: torch.Tensor, family: Family, rule: str) -> _Acceptan
         expected_mean=expected_mean,
         mean_z=_z_score(mean, expected_mean, variance, good),
     )
+
+
+class _Tally:
+    """What :func:`exactness_report` keeps of each block of output rows."""
+
+    def __init__(self, family: Family) -> None:
+        self.family = family
+        self.counts = torch.zeros(family.k + 1, family.vocab, family.vocab, dtype=torch.int64)
+        self.lengths = torch.zeros(family.k + 1, dtype=torch.int64)
+        self.malformed = 0
+
+    def __call__(self, inputs: VerifierInputs, token_ids: torch.Tensor) -> None:
+        family = self.family
+        ok = well_formed(token_ids, inputs.draft_token_ids, family.vocab)
+        good = token_ids[ok]
+        self.malformed += token_ids.shape[0] - good.shape[0]
+        self.counts += _transition_counts(good, family)
+        accepted = (good != -1).sum(dim=1) - 1
+        self.lengths += torch.bincount(accepted, minlength=family.k + 1)
 
 
 def exactness_report(
@@ -345,11 +366,12 @@ def exactness_report(
     family : Family
         The toy pair (see :func:`make_family`).
     rows : int
-        Sequences simulated.
+        Sequences simulated. They are drafted, verified and counted a block at a time
+        (see :data:`specsample.testing.DRAW_BLOCK_VALUES`), so memory does not grow with ``rows``.
     seed : int
-        Seeds the drafts and the verifier's randomness (see :func:`simulate`).
+        Seeds the drafts and the verifier's randomness (the same as :func:`simulate`).
     batch_size : int
-        Rows per verifier call.
+        Most rows per verifier call.
     device : torch.device or str
         Where the verifier runs.
     rule : str
@@ -362,6 +384,15 @@ def exactness_report(
     ExactnessReport
         Use :meth:`ExactnessReport.passed` for a verdict and ``str(report)`` for a table.
 
+    Raises
+    ------
+    TypeError
+        ``rows`` or ``batch_size`` is not an int.
+    ValueError
+        ``rows`` is negative, ``batch_size`` below 1, ``rule`` unknown (or ``"block"`` on a
+        family too large to enumerate), or the verifier returned a tensor of the wrong
+        shape or dtype.
+
     Examples
     --------
     >>> from specsample.sampler import RejectionSampler
@@ -371,12 +402,12 @@ def exactness_report(
     >>> report.passed(), len(report.positions), report.num_tests
     (True, 2, 4)
     """
-    simulation = simulate(verifier, family, rows, seed=seed, batch_size=batch_size, device=device)
-    ok = well_formed(simulation.token_ids, simulation.inputs.draft_token_ids, family.vocab)
-    token_ids = simulation.token_ids[ok]
-    counts = _transition_counts(token_ids, family)
+    law = family.accepted_length_law(rule)
+    tally = _Tally(family)
+    _run_blocks(verifier, family, rows, tally, seed=seed, batch_size=batch_size, device=device)
+    counts = tally.counts
     reference = family.reference()
-    acceptance = _acceptance(token_ids, family, rule)
+    acceptance = _acceptance(tally.lengths, law)
     return ExactnessReport(
         family=family.name,
         k=family.k,
@@ -389,5 +420,5 @@ def exactness_report(
         mean_accepted=acceptance.mean,
         expected_mean_accepted=acceptance.expected_mean,
         mean_accepted_z=acceptance.mean_z,
-        malformed_rows=rows - token_ids.shape[0],
+        malformed_rows=tally.malformed,
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import torch
@@ -50,41 +50,27 @@ class Simulation(NamedTuple):
     token_ids: torch.Tensor
 
 
+DRAW_BLOCK_VALUES = 1 << 23
+"""Probabilities per table drawn at once: rows are drafted in blocks of
+``min(DRAW_BLOCK_ROWS, max(1, DRAW_BLOCK_VALUES // (k * vocab)))`` (at most 32 MiB of float32
+per table), so the memory of :func:`specsample.testing.exactness_report` does not grow with
+its number of rows."""
+
+DRAW_BLOCK_ROWS = 1 << 17
+"""Most rows drafted per block (their per-row temporaries are bounded too)."""
+
+
+def _block_rows(family: Family) -> int:
+    """Rows drafted per block for ``family`` (see :data:`DRAW_BLOCK_VALUES`)."""
+    return min(DRAW_BLOCK_ROWS, max(1, DRAW_BLOCK_VALUES // (family.k * family.vocab)))
+
+
 def _draw(rows: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return torch.multinomial(rows.to(torch.float64), 1, generator=generator).squeeze(-1)
 
 
-def draw_inputs(family: Family, rows: int, seed: int = 0) -> VerifierInputs:
-    """Draft ``rows`` sequences autoregressively and gather what a verifier needs.
-
-    Drafts follow ``x_j ~ p_j(. | x_{j-1})`` (``x_{-1}`` being the start token); the target
-    rows are ``q_j(. | x_{j-1})`` for ``j < k``, and the bonus token is drawn from the target
-    row after the last draft, ``q_k(. | x_{k-1})``. A private generator seeded by ``seed``
-    is used; the global random state is left untouched.
-
-    Parameters
-    ----------
-    family : Family
-        The toy pair.
-    rows : int
-        Number of sequences.
-    seed : int
-        Seed of the draws.
-
-    Returns
-    -------
-    VerifierInputs
-        ``target_probs``/``draft_probs`` ``[rows, k, vocab]`` float32 (contiguous),
-        ``bonus_token_ids [rows, 1]`` and ``draft_token_ids [rows, k]`` int64, on the CPU.
-
-    Examples
-    --------
-    >>> from specsample.testing import make_family
-    >>> inputs = draw_inputs(make_family("random", k=3, vocab=5), rows=10)
-    >>> tuple(inputs.target_probs.shape), tuple(inputs.bonus_token_ids.shape)
-    ((10, 3, 5), (10, 1))
-    """
-    generator = torch.Generator().manual_seed(seed)
+def _draw_block(family: Family, rows: int, generator: torch.Generator) -> VerifierInputs:
+    """``rows`` sequences drafted from ``family`` with ``generator`` (see :func:`draw_inputs`)."""
     k = family.k
     prev = torch.full((rows,), family.start, dtype=torch.int64)
     contexts = []
@@ -102,6 +88,72 @@ def draw_inputs(family: Family, rows: int, seed: int = 0) -> VerifierInputs:
         draft_probs=family.draft[positions, context].contiguous(),
         draft_token_ids=torch.stack(drafts, dim=1),
     )
+
+
+def _input_blocks(family: Family, rows: int, seed: int) -> Iterator[VerifierInputs]:
+    """The inputs of ``rows`` sequences, one block at a time, from one seeded generator."""
+    generator = torch.Generator().manual_seed(seed)
+    size = _block_rows(family)
+    for begin in range(0, rows, size):
+        yield _draw_block(family, min(size, rows - begin), generator)
+
+
+def draw_inputs(family: Family, rows: int, seed: int = 0) -> VerifierInputs:
+    """Draft ``rows`` sequences autoregressively and gather what a verifier needs.
+
+    Drafts follow ``x_j ~ p_j(. | x_{j-1})`` (``x_{-1}`` being the start token); the target
+    rows are ``q_j(. | x_{j-1})`` for ``j < k``, and the bonus token is drawn from the target
+    row after the last draft, ``q_k(. | x_{k-1})``. A private generator seeded by ``seed``
+    is used, in blocks of rows (see :data:`DRAW_BLOCK_VALUES`); the global random state is left
+    untouched.
+
+    Parameters
+    ----------
+    family : Family
+        The toy pair.
+    rows : int
+        Number of sequences (``>= 0``). The result takes ``8 * rows * k * vocab`` bytes.
+    seed : int
+        Seed of the draws.
+
+    Returns
+    -------
+    VerifierInputs
+        ``target_probs``/``draft_probs`` ``[rows, k, vocab]`` float32 (contiguous),
+        ``bonus_token_ids [rows, 1]`` and ``draft_token_ids [rows, k]`` int64, on the CPU.
+
+    Raises
+    ------
+    ValueError
+        ``rows`` is negative.
+
+    Examples
+    --------
+    >>> from specsample.testing import make_family
+    >>> inputs = draw_inputs(make_family("random", k=3, vocab=5), rows=10)
+    >>> tuple(inputs.target_probs.shape), tuple(inputs.bonus_token_ids.shape)
+    ((10, 3, 5), (10, 1))
+    """
+    _check_rows(rows)
+    return _concat(family, list(_input_blocks(family, rows, seed)))
+
+
+def _concat(family: Family, blocks: list[VerifierInputs]) -> VerifierInputs:
+    """The blocks' inputs end to end (empty tensors for no block)."""
+    if not blocks:
+        return _draw_block(family, 0, torch.Generator())
+    if len(blocks) == 1:
+        return blocks[0]
+    return VerifierInputs(*(torch.cat(parts) for parts in zip(*blocks, strict=True)))
+
+
+def _check_rows(rows: object) -> int:
+    """``rows`` if it is a non-negative int, else a ``TypeError``/``ValueError`` naming it."""
+    if isinstance(rows, bool) or not isinstance(rows, int):
+        raise TypeError(f"rows must be an int, got {type(rows).__name__}")
+    if rows < 0:
+        raise ValueError(f"rows must be >= 0, got {rows}")
+    return rows
 
 
 def _verifier_seed(seed: int) -> int:
@@ -129,6 +181,44 @@ def _checked_output(out: object, rows: int, k: int) -> torch.Tensor:
     return out.to(device="cpu", dtype=torch.int64)
 
 
+_BlockConsumer = Callable[[VerifierInputs, torch.Tensor], None]
+"""``consume(inputs, token_ids)``: a block's inputs and the verifier's ``[rows, k + 1]`` output."""
+
+
+def _run_blocks(
+    verifier: Verifier,
+    family: Family,
+    rows: int,
+    consume: _BlockConsumer,
+    *,
+    seed: int,
+    batch_size: int,
+    device: torch.device | str,
+) -> None:
+    """Draft ``rows`` sequences block by block, verify them, hand each block to ``consume``.
+
+    The drafts are those of :func:`draw_inputs` (same seed, same blocks); the verifier is
+    called on chunks of at most ``batch_size`` rows of a block, with its inputs on
+    ``device``, while torch's global generators are seeded from ``seed`` (and restored
+    afterwards). Memory holds one block at a time.
+    """
+    _check_rows(rows)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+        raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    target_device = torch.device(device)
+    with _forked_rng(target_device):
+        torch.manual_seed(_verifier_seed(seed))
+        for inputs in _input_blocks(family, rows, seed):
+            outputs = []
+            for begin in range(0, inputs.draft_token_ids.shape[0], batch_size):
+                chunk = [t[begin : begin + batch_size].to(target_device) for t in inputs]
+                out = verifier(*chunk)
+                outputs.append(_checked_output(out, chunk[0].shape[0], family.k))
+            consume(inputs, torch.cat(outputs))
+
+
 def simulate(
     verifier: Verifier,
     family: Family,
@@ -152,11 +242,13 @@ def simulate(
     family : Family
         The toy pair.
     rows : int
-        Number of sequences.
+        Number of sequences. The inputs returned take ``8 * rows * k * vocab`` bytes;
+        :func:`specsample.testing.exactness_report` keeps none of them.
     seed : int
         Seeds both the drafts (see :func:`draw_inputs`) and the verifier's randomness.
     batch_size : int
-        Rows per verifier call (``1`` calls the verifier row by row).
+        Most rows per verifier call (``1`` calls the verifier row by row); a call never
+        spans two blocks of drafted rows (see :data:`DRAW_BLOCK_VALUES`).
     device : torch.device or str
         Where the verifier's inputs are placed.
 
@@ -167,9 +259,11 @@ def simulate(
 
     Raises
     ------
+    TypeError
+        ``rows`` or ``batch_size`` is not an int.
     ValueError
-        ``batch_size`` is below 1, or the verifier returned a tensor of the wrong shape or
-        dtype.
+        ``rows`` is negative, ``batch_size`` is below 1, or the verifier returned a tensor
+        of the wrong shape or dtype.
 
     Examples
     --------
@@ -179,16 +273,13 @@ def simulate(
     >>> tuple(simulation.token_ids.shape)
     (5, 3)
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    inputs = draw_inputs(family, rows, seed)
-    target_device = torch.device(device)
-    outputs = []
-    with _forked_rng(target_device):
-        torch.manual_seed(_verifier_seed(seed))
-        for begin in range(0, rows, batch_size):
-            chunk = [t[begin : begin + batch_size].to(target_device) for t in inputs]
-            out = verifier(*chunk)
-            outputs.append(_checked_output(out, chunk[0].shape[0], family.k))
+    blocks: list[VerifierInputs] = []
+    outputs: list[torch.Tensor] = []
+
+    def keep(inputs: VerifierInputs, token_ids: torch.Tensor) -> None:
+        blocks.append(inputs)
+        outputs.append(token_ids)
+
+    _run_blocks(verifier, family, rows, keep, seed=seed, batch_size=batch_size, device=device)
     token_ids = torch.cat(outputs) if outputs else torch.empty(0, family.k + 1, dtype=torch.int64)
-    return Simulation(inputs, token_ids)
+    return Simulation(_concat(family, blocks), token_ids)
