@@ -33,14 +33,21 @@ import torch
 from specsample import backends, pipeline
 from specsample.backends.eager import log_q
 from specsample.checks import (
+    check_backend,
+    check_flag,
+    check_layout_values,
     check_logits_inputs,
+    check_logits_tensors,
     check_logits_values,
+    check_uniform_values,
+    require_data,
     require_tensor,
 )
 from specsample.metadata import BatchLayout, SamplingMetadata, Scalars
 from specsample.methods import chain_methods, check_method
 from specsample.probs import RowStats
-from specsample.random import positions_from, seeding_from
+from specsample.random import STEP_STRIDE
+from specsample.seeding import check_position_values, positions_from, seeding_from
 
 Ints = Sequence[int] | torch.Tensor
 Seeds = Sequence[int | None] | torch.Tensor
@@ -99,16 +106,16 @@ def verify(
     Parameters
     ----------
     target_logits : torch.Tensor
-        ``[total_drafts + batch, vocab]`` (float32, float16, bfloat16 or float64): per
-        request, the rows of its draft positions, then its bonus row. With
+        ``[total_drafts + batch, vocab]`` (float32, float16, bfloat16 or float64, ``vocab
+        >= 1``): per request, the rows of its draft positions, then its bonus row. With
         ``bonus_token_ids``: ``[total_drafts, vocab]``, the draft positions only.
     draft_token_ids : torch.Tensor
-        ``[total_drafts]`` int64 drafts, request after request. Ids outside ``[0, vocab)``
-        are rejected.
+        ``[total_drafts]`` int64 or int32 drafts, request after request. Ids outside
+        ``[0, vocab)`` are rejected.
     num_draft_tokens : sequence of int or tensor
-        ``[batch]`` drafts per request (zeros allowed): host values, a CPU tensor, or a
-        tensor on the batch's device together with ``max_draft_tokens`` (the sum is
-        ``draft_token_ids``' length).
+        ``[batch]`` drafts per request, each in ``[0, 255]``: host ints, an integer CPU
+        tensor, or an integer tensor on the batch's device together with
+        ``max_draft_tokens`` (the sum is ``draft_token_ids``' length).
     draft_probs : torch.Tensor, optional
         ``[total_drafts, vocab]`` the distributions the drafts were sampled from.
     draft_logits : torch.Tensor, optional
@@ -119,20 +126,24 @@ def verify(
         position; emitted when all its drafts are accepted (then ``target_logits`` has no
         bonus rows).
     temperature, top_k, top_p, min_p : scalar, sequence or tensor
-        Per-request sampling parameters: temperature >= 0 (0 = greedy), top_k >= 0
-        (0 = off), top_p in (0, 1] (1 = off), min_p in [0, 1] (0 = off). Host values are
+        Per-request sampling parameters: temperature finite and >= 0 (0 = greedy), top_k
+        an integer in ``[0, 2**63)`` (0 = off; a tensor of an integer dtype), top_p in
+        (0, 1] (1 = off), min_p in [0, 1] (0 = off). A real number (not a bool), one per
+        request, or a scalar or ``[batch]`` tensor. Host values (CPU tensors included) are
         validated; tensors on the batch's device are used without synchronising (checked
-        only with ``strict``).
+        only with ``strict``); tensors elsewhere are refused.
     seeds : sequence of (int or None), or tensor, optional
-        ``[batch]`` per-request seeds (None or -1: unseeded). A seeded request's output
-        depends only on its seed, its ``positions`` entry and its own rows: not on its index
-        or on the other requests.
+        ``[batch]`` per-request seeds: host ints in ``[0, 2**63)`` (None or -1: unseeded), or
+        an int64 or int32 tensor (negative: unseeded) on the CPU or the batch's device. A
+        seeded request's output depends only on its seed, its ``positions`` entry and its
+        own rows: not on its index or on the other requests.
     generators : dict of int to torch.Generator, optional
         Per-request generators (vLLM's ``generators``): request ``i`` draws all its numbers
         from ``generators[i]``.
     positions : sequence of int or tensor, optional
         ``[batch]`` absolute position of each request's first draft in its sequence (the
-        number of tokens before it; default 0). A seeded step reads the counters of its
+        number of tokens before it; default 0), in ``[0, 2**40)``: host ints or an int64 or
+        int32 tensor on the CPU or the batch's device. A seeded step reads the counters of its
         position's stripe (see :mod:`specsample.random`), so counters never repeat along a
         sequence whatever draft count each step uses.
     generator : torch.Generator, optional
@@ -145,18 +156,27 @@ def verify(
         ``[batch, max_drafts + 1]`` float64 uniforms to use instead of drawing them (the
         ``max_drafts`` accept tests, then the final draw).
     max_draft_tokens : int, optional
-        Host-side maximum of ``num_draft_tokens``: the output has ``max_draft_tokens + 1``
-        columns. Required when the counts are a tensor on an accelerator.
+        Host-side maximum of ``num_draft_tokens``, in ``[0, 255]``: the output has
+        ``max_draft_tokens + 1`` columns. Required when the counts are a tensor on an
+        accelerator.
     return_logprobs : bool
         Also return the log-probabilities of the emitted tokens (needs the bonus rows).
     strict : bool
-        Also check values (NaN logits, ids out of range, parameters given as device
-        tensors); this synchronises with the device.
+        Also check values (NaN logits, ids out of range, device counts, parameters,
+        positions and given uniforms); this synchronises with the device.
 
     Returns
     -------
     VerifyOutput
         ``token_ids [batch, max_drafts + 1]``, ``num_accepted [batch]``, and ``logprobs``.
+
+    Raises
+    ------
+    TypeError
+        An argument of the wrong type or dtype (the message names it).
+    ValueError
+        An argument of the wrong value, shape or device (the message names it and says
+        what is allowed).
 
     Examples
     --------
@@ -169,6 +189,10 @@ def verify(
     target_logits = require_tensor("target_logits", target_logits)
     draft_token_ids = require_tensor("draft_token_ids", draft_token_ids)
     check_method(method, chain_methods())
+    check_backend(backend, backends.BACKENDS)
+    check_flag("strict", strict)
+    check_flag("return_logprobs", return_logprobs)
+    check_logits_tensors(target_logits, draft_token_ids)
     chosen = backends.resolve(backend, target_logits)
     device = target_logits.device
     layout, bonus = _layout(
@@ -179,30 +203,42 @@ def verify(
         max_draft_tokens,
         return_logprobs,
     )
-    _check_drafts(target_logits, draft_token_ids, layout, draft_probs, draft_logits, strict)
+    drafts = _check_drafts(target_logits, draft_token_ids, layout, draft_probs, draft_logits)
     sampling = SamplingMetadata.build(
-        layout.batch, device, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p
+        layout.batch,
+        device,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        strict=strict,
     )
+    seeding = seeding_from(
+        layout.batch, device, seeds=seeds, generators=generators, generator=generator
+    )
+    at = positions_from(positions, layout.batch, device)
     if strict:
-        sampling.check_values()
+        _strict_checks(target_logits, draft_token_ids, drafts, layout, bonus)
+        check_position_values(at)
     plan = pipeline.plan_logits(
         target_logits,
         layout,
         sampling,
-        seeding_from(layout.batch, device, seeds=seeds, generators=generators, generator=generator),
-        positions=positions_from(positions, layout.batch, device),
+        seeding,
+        positions=at,
         uniforms=uniforms,
         need_norm=return_logprobs,
     )
+    if strict and uniforms is not None:
+        check_uniform_values(plan.uniforms)
     token_ids, num_accepted = pipeline.run_logits(
         target_logits,
         draft_token_ids,
         plan,
         backend=chosen,
         method=method,
-        draft_probs=draft_probs,
-        draft_logits=draft_logits,
         bonus_token_ids=bonus,
+        **drafts,
     )
     if not return_logprobs:
         return VerifyOutput(token_ids, num_accepted, None)
@@ -214,18 +250,33 @@ def _check_drafts(
     target_logits: torch.Tensor,
     draft_token_ids: torch.Tensor,
     layout: BatchLayout,
-    draft_probs: torch.Tensor | None,
-    draft_logits: torch.Tensor | None,
-    strict: bool,
-) -> None:
-    """Check the draft side (and, with ``strict``, every value of the inputs)."""
+    draft_probs: object,
+    draft_logits: object,
+) -> dict[str, torch.Tensor]:
+    """The draft rows, checked, as ``{"draft_probs": ...}``, ``{"draft_logits": ...}`` or ``{}``."""
     if draft_probs is not None and draft_logits is not None:
         raise ValueError("pass draft_probs or draft_logits, not both")
-    draft_rows = draft_probs if draft_probs is not None else draft_logits
-    draft_name = "draft_probs" if draft_probs is not None else "draft_logits"
-    check_logits_inputs(target_logits, draft_token_ids, layout, draft_rows, draft_name)
-    if strict:
-        check_logits_values(target_logits, draft_token_ids, draft_rows, draft_name)
+    name = "draft_probs" if draft_probs is not None else "draft_logits"
+    given = draft_probs if draft_probs is not None else draft_logits
+    rows = check_logits_inputs(target_logits, draft_token_ids, layout, given, name)
+    return {} if rows is None else {name: rows}
+
+
+def _strict_checks(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    drafts: dict[str, torch.Tensor],
+    layout: BatchLayout,
+    bonus: torch.Tensor | None,
+) -> None:
+    """The value checks of strict mode (they synchronise with the device)."""
+    require_data("target_logits", target_logits)
+    name, rows = next(iter(drafts.items()), ("draft_probs", None))
+    check_logits_values(target_logits, draft_token_ids, rows, name)
+    check_layout_values(layout)
+    vocab = target_logits.shape[1]
+    if bonus is not None and bool(((bonus < 0) | (bonus >= vocab)).any()):
+        raise ValueError(f"bonus_token_ids must lie in [0, {vocab})")
 
 
 def _layout(
@@ -240,10 +291,15 @@ def _layout(
     layout = BatchLayout.build(
         num_draft_tokens,
         target_logits.device,
-        total_drafts=int(draft_token_ids.shape[0]) if draft_token_ids.dim() == 1 else None,
+        total_drafts=int(draft_token_ids.shape[0]),
         max_drafts=max_draft_tokens,
         bonus_rows=bonus_token_ids is None,
     )
+    if layout.max_drafts >= STEP_STRIDE:
+        name = "num_draft_tokens" if max_draft_tokens is None else "max_draft_tokens"
+        raise ValueError(
+            f"{name}: a request may have at most {STEP_STRIDE - 1} drafts, got {layout.max_drafts}"
+        )
     bonus = _bonus_ids(bonus_token_ids, layout.batch, target_logits.device)
     if return_logprobs and bonus is not None:
         raise ValueError(
@@ -294,9 +350,11 @@ def verify_padded(
     draft_token_ids : torch.Tensor
         ``[batch, k]`` int64.
     draft_probs, draft_logits : torch.Tensor, optional
-        ``[batch, k, vocab]``.
+        Exactly ``[batch, k, vocab]`` (a tensor of another shape, a permuted one of the same
+        size included, is refused).
     **kwargs
-        Any other argument of :func:`verify`.
+        Any other argument of :func:`verify` (``max_draft_tokens`` defaults to ``k``, so
+        that the output is ``[batch, k + 1]`` even for an empty batch).
 
     Examples
     --------
@@ -312,19 +370,38 @@ def verify_padded(
             f"target_logits must have shape [batch, k + 1, vocab], got {tuple(target_logits.shape)}"
         )
     batch, k_plus_one, vocab = target_logits.shape
-    if draft_token_ids.shape != (batch, k_plus_one - 1):
+    if k_plus_one == 0:
         raise ValueError(
-            f"draft_token_ids must have shape {(batch, k_plus_one - 1)}, "
+            "target_logits must have at least the bonus position, [batch, k + 1, vocab], "
+            f"got {tuple(target_logits.shape)}"
+        )
+    k = k_plus_one - 1
+    if draft_token_ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"draft_token_ids must be int64 or int32, got {draft_token_ids.dtype}")
+    if draft_token_ids.shape != (batch, k):
+        raise ValueError(
+            f"draft_token_ids must have shape {(batch, k)} [batch, k], "
             f"got {tuple(draft_token_ids.shape)}"
+        )
+    if k >= STEP_STRIDE:
+        raise ValueError(
+            f"draft_token_ids: a request may have at most {STEP_STRIDE - 1} drafts, got k = {k}"
         )
     flat_draft = {}
     for name, rows in (("draft_probs", draft_probs), ("draft_logits", draft_logits)):
         if rows is not None:
-            flat_draft[name] = require_tensor(name, rows).reshape(-1, vocab)
+            rows = require_tensor(name, rows)
+            if rows.shape != (batch, k, vocab):
+                raise ValueError(
+                    f"{name} must have shape {(batch, k, vocab)} [batch, k, vocab], "
+                    f"got {tuple(rows.shape)}"
+                )
+            flat_draft[name] = rows.reshape(batch * k, vocab)
+    kwargs.setdefault("max_draft_tokens", k)
     return verify(
         target_logits.reshape(batch * k_plus_one, vocab),
         draft_token_ids.reshape(-1),
-        [k_plus_one - 1] * batch,
+        [k] * batch,
         **flat_draft,  # type: ignore[arg-type]
         **kwargs,  # type: ignore[arg-type]
     )

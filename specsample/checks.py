@@ -40,8 +40,12 @@ def check_chain_inputs(
     bonus_token_ids: object,
     draft_probs: object,
     draft_token_ids: object,
+    *,
+    target_name: str = "target_probs",
 ) -> None:
     """Check ranks, shapes, dtypes and devices of the chain verifier's inputs.
+
+    ``target_name`` names ``target_probs`` in the messages.
 
     Raises
     ------
@@ -59,19 +63,19 @@ def check_chain_inputs(
     ...
     ValueError: draft_probs must have shape (2, 3, 5) like target_probs, got (2, 4, 5)
     """
-    target = require_tensor("target_probs", target_probs)
+    target = require_tensor(target_name, target_probs)
     bonus = require_tensor("bonus_token_ids", bonus_token_ids)
     draft = require_tensor("draft_probs", draft_probs)
     ids = require_tensor("draft_token_ids", draft_token_ids)
-    _require_rank("target_probs", target, 3, "[batch, k, vocab]")
+    _require_rank(target_name, target, 3, "[batch, k, vocab]")
     _require_rank("draft_probs", draft, 3, "[batch, k, vocab]")
     _require_rank("draft_token_ids", ids, 2, "[batch, k]")
     batch, k, vocab = target.shape
     if vocab == 0:
-        raise ValueError("target_probs must have a non-empty vocabulary dimension")
+        raise ValueError(f"{target_name} must have a non-empty vocabulary dimension")
     if draft.shape != target.shape:
         raise ValueError(
-            f"draft_probs must have shape {tuple(target.shape)} like target_probs, "
+            f"draft_probs must have shape {tuple(target.shape)} like {target_name}, "
             f"got {tuple(draft.shape)}"
         )
     if ids.shape != (batch, k):
@@ -80,14 +84,14 @@ def check_chain_inputs(
         raise ValueError(
             f"bonus_token_ids must have shape {(batch, 1)} or {(batch,)}, got {tuple(bonus.shape)}"
         )
-    for name, probs in (("target_probs", target), ("draft_probs", draft)):
+    for name, probs in ((target_name, target), ("draft_probs", draft)):
         if probs.dtype not in PROB_DTYPES:
             raise TypeError(
                 f"{name} must be float32, float16, bfloat16 or float64, got {probs.dtype}"
             )
     if draft.dtype != target.dtype:
         raise TypeError(
-            f"draft_probs must have the dtype of target_probs ({target.dtype}), got {draft.dtype}"
+            f"draft_probs must have the dtype of {target_name} ({target.dtype}), got {draft.dtype}"
         )
     for name, token_ids in (("bonus_token_ids", bonus), ("draft_token_ids", ids)):
         if token_ids.dtype not in (torch.int64, torch.int32):
@@ -98,7 +102,9 @@ def check_chain_inputs(
         ("draft_token_ids", ids),
     ):
         if tensor.device != target.device:
-            raise ValueError(f"{name} is on {tensor.device} but target_probs is on {target.device}")
+            raise ValueError(
+                f"{name} is on {tensor.device} but {target_name} is on {target.device}"
+            )
 
 
 def _check_ids(name: str, ids: torch.Tensor, vocab: int) -> None:
@@ -128,10 +134,13 @@ def check_chain_values(
     bonus_token_ids: torch.Tensor,
     draft_probs: torch.Tensor | None,
     draft_token_ids: torch.Tensor,
+    *,
+    target_name: str = "target_probs",
 ) -> None:
     """Strict-mode value checks; they read every element and synchronise with the device.
 
-    ``draft_probs`` is ``None`` for a rule that does not read it.
+    ``draft_probs`` is ``None`` for a rule that does not read it; ``target_name`` names
+    ``target_probs`` in the messages.
 
     Raises
     ------
@@ -151,30 +160,54 @@ def check_chain_values(
     vocab = target_probs.shape[-1]
     _check_ids("draft_token_ids", draft_token_ids, vocab)
     _check_ids("bonus_token_ids", bonus_token_ids, vocab)
-    _check_probs("target_probs", target_probs)
+    _check_probs(target_name, target_probs)
     if draft_probs is not None:
         _check_probs("draft_probs", draft_probs)
+
+
+def check_logits_tensors(target_logits: torch.Tensor, draft_token_ids: torch.Tensor) -> None:
+    """Rank, dtype and device checks of :func:`specsample.verify`'s main tensors (no sync).
+
+    Examples
+    --------
+    >>> check_logits_tensors(torch.zeros(3, 0), torch.zeros(2, dtype=torch.long))
+    Traceback (most recent call last):
+    ...
+    ValueError: target_logits must have a non-empty vocabulary dimension, got shape (3, 0)
+    """
+    if target_logits.dim() != 2:
+        raise ValueError(
+            f"target_logits must have shape [rows, vocab], got {tuple(target_logits.shape)}"
+        )
+    if target_logits.dtype not in PROB_DTYPES:
+        raise TypeError(
+            "target_logits must be float32, float16, bfloat16 or float64, "
+            f"got {target_logits.dtype}"
+        )
+    if target_logits.shape[1] == 0:
+        raise ValueError(
+            "target_logits must have a non-empty vocabulary dimension, "
+            f"got shape {tuple(target_logits.shape)}"
+        )
+    if draft_token_ids.dim() != 1 or draft_token_ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(
+            f"draft_token_ids must be a 1-D int64 or int32 tensor, got {draft_token_ids.dtype} "
+            f"of shape {tuple(draft_token_ids.shape)}"
+        )
+    _same_device("draft_token_ids", draft_token_ids, target_logits)
 
 
 def check_logits_inputs(
     target_logits: torch.Tensor,
     draft_token_ids: torch.Tensor,
     layout: BatchLayout,
-    draft_rows: torch.Tensor | None,
+    draft_rows: object,
     draft_name: str,
-) -> None:
-    """Shape, dtype and device checks of :func:`specsample.verify`'s tensors (no sync)."""
-    if target_logits.dim() != 2:
-        raise ValueError(
-            f"target_logits must have shape [rows, vocab], got {tuple(target_logits.shape)}"
-        )
-    if target_logits.dtype not in PROB_DTYPES:
-        raise TypeError(f"target_logits must be a floating tensor, got {target_logits.dtype}")
-    if draft_token_ids.dim() != 1 or draft_token_ids.dtype not in (torch.int64, torch.int32):
-        raise TypeError(
-            f"draft_token_ids must be a 1-D int64 or int32 tensor, got {draft_token_ids.dtype} "
-            f"of shape {tuple(draft_token_ids.shape)}"
-        )
+) -> torch.Tensor | None:
+    """Check :func:`specsample.verify`'s tensors against the layout (no sync).
+
+    Returns the draft rows (``[total_drafts, vocab]``), or ``None`` when there are none.
+    """
     rows, vocab = target_logits.shape
     total = layout.total_drafts
     if draft_token_ids.shape[0] != total:
@@ -188,15 +221,123 @@ def check_logits_inputs(
             f"target_logits must have {what} = {layout.target_rows} rows "
             f"(num_draft_tokens adds up to {total}, batch {layout.batch}), got {rows}"
         )
-    _same_device("draft_token_ids", draft_token_ids, target_logits)
-    if draft_rows is not None:
-        if draft_rows.shape != (total, vocab):
-            raise ValueError(
-                f"{draft_name} must have shape {(total, vocab)}, got {tuple(draft_rows.shape)}"
-            )
-        _same_device(draft_name, draft_rows, target_logits)
-        if not draft_rows.dtype.is_floating_point:
-            raise TypeError(f"{draft_name} must be a floating tensor, got {draft_rows.dtype}")
+    if draft_rows is None:
+        return None
+    draft = require_tensor(draft_name, draft_rows)
+    if draft.shape != (total, vocab):
+        raise ValueError(
+            f"{draft_name} must have shape {(total, vocab)} [total_drafts, vocab], "
+            f"got {tuple(draft.shape)}"
+        )
+    _same_device(draft_name, draft, target_logits)
+    if draft.dtype not in PROB_DTYPES:
+        raise TypeError(
+            f"{draft_name} must be float32, float16, bfloat16 or float64, got {draft.dtype}"
+        )
+    return draft
+
+
+def check_layout_values(layout: BatchLayout) -> None:
+    """Strict-mode check of the draft counts (read back when given as a device tensor).
+
+    Raises
+    ------
+    ValueError
+        A negative count, counts that do not add up to ``total_drafts``, or one above
+        ``max_drafts`` (``max_draft_tokens``).
+    """
+    counts = layout.num_drafts
+    if not counts.numel():
+        return
+    if bool((counts < 0).any()):
+        raise ValueError("num_draft_tokens must be >= 0")
+    if int(counts.sum()) != layout.total_drafts:
+        raise ValueError(
+            f"num_draft_tokens adds up to {int(counts.sum())} "
+            f"but draft_token_ids has {layout.total_drafts} entries"
+        )
+    if int(counts.max()) > layout.max_drafts:
+        raise ValueError(
+            f"max_draft_tokens is {layout.max_drafts} but a request has "
+            f"{int(counts.max())} draft tokens"
+        )
+
+
+def check_flag(name: str, value: object) -> bool:
+    """Refuse a flag that is not a bool (``TypeError`` naming it).
+
+    Examples
+    --------
+    >>> check_flag("strict", 1)
+    Traceback (most recent call last):
+    ...
+    TypeError: strict must be a bool, got int
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def check_backend(backend: object, allowed: tuple[str, ...]) -> str:
+    """Refuse a backend name that is not a string (which of ``allowed`` it is, is checked on use).
+
+    Examples
+    --------
+    >>> check_backend(["torch"], ("auto", "torch"))
+    Traceback (most recent call last):
+    ...
+    TypeError: backend must be a str, one of ('auto', 'torch'), got list
+    """
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, one of {allowed}, got {type(backend).__name__}")
+    return backend
+
+
+def check_step_uniforms(
+    uniforms: object, batch: int, columns: int, device: torch.device
+) -> torch.Tensor:
+    """Check caller-given uniforms: ``[batch, columns]`` float64 on ``device`` (no sync).
+
+    Examples
+    --------
+    >>> check_step_uniforms(torch.zeros(2, 3), 2, 3, torch.device("cpu"))
+    Traceback (most recent call last):
+    ...
+    TypeError: uniforms must be float64, got torch.float32
+    """
+    uniforms = require_tensor("uniforms", uniforms)
+    if uniforms.shape != (batch, columns):
+        raise ValueError(
+            f"uniforms must have shape {(batch, columns)}, got {tuple(uniforms.shape)}"
+        )
+    if uniforms.dtype != torch.float64:
+        raise TypeError(f"uniforms must be float64, got {uniforms.dtype}")
+    if uniforms.device != device:
+        raise ValueError(f"uniforms is on {uniforms.device} but the batch is on {device}")
+    return uniforms
+
+
+def require_data(name: str, tensor: torch.Tensor) -> None:
+    """Refuse to value-check a tensor on the meta device, which holds no values."""
+    if tensor.device.type == "meta":
+        raise ValueError(f"strict mode reads the values of {name}, but it is on the meta device")
+
+
+def check_uniform_values(uniforms: torch.Tensor | None) -> None:
+    """Strict-mode check of caller-given uniforms: every value in ``[0, 1)`` (synchronises).
+
+    Examples
+    --------
+    >>> check_uniform_values(torch.tensor([0.5, 1.0], dtype=torch.float64))
+    Traceback (most recent call last):
+    ...
+    ValueError: uniforms must lie in [0, 1), got 1.0
+    """
+    if uniforms is None or not uniforms.numel():
+        return
+    bad = ~((uniforms >= 0) & (uniforms < 1))
+    if bool(bad.any()):
+        raise ValueError(f"uniforms must lie in [0, 1), got {float(uniforms[bad][0])}")
 
 
 def _same_device(name: str, tensor: torch.Tensor, target: torch.Tensor) -> None:

@@ -6,14 +6,16 @@ the batch's device) into a few small device tensors, plus host-side hints (all g
 top-p? the widest top-k?) that let the device work be planned without ever synchronising.
 
 Host values are validated on the host. Tensors on an accelerator stay there: nothing is
-copied back, so their values are only checked in strict mode
-(:meth:`SamplingMetadata.check_values`), and the hints become conservative (some row may be
-greedy, some may be sampled; top-k is taken over the whole vocabulary).
+copied back, so their values are only checked in strict mode (``strict=True`` of
+:meth:`SamplingMetadata.build`), and the hints become conservative (some row may be greedy,
+some may be sampled; top-k is taken over the whole vocabulary). A tensor on any other device
+(neither the host nor the batch's) is refused.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -33,53 +35,174 @@ def _on_host(value: torch.Tensor) -> bool:
     return value.device.type == "cpu"
 
 
-def _host_values(name: str, value: Scalars, batch: int, default: float) -> list[float] | None:
-    """``value`` as one float per request, or ``None`` for a tensor on an accelerator."""
+def _placed(name: str, value: torch.Tensor, device: torch.device) -> bool:
+    """Whether ``value`` is a host tensor; refuse one neither on the host nor on ``device``."""
+    if _on_host(value):
+        return True
+    if value.device != device:
+        raise ValueError(
+            f"{name} is on {value.device}: give it on the CPU, as host values, or on the "
+            f"batch's device ({device})"
+        )
+    return False
+
+
+def _real(name: str, value: object) -> float | int:
+    """A host number of a parameter: an int or a float, never a bool (``TypeError``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} values must be real numbers, got {type(value).__name__}")
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
+
+
+def _host_values(
+    name: str, value: Scalars, batch: int, default: float, device: torch.device
+) -> list[float] | None:
+    """``value`` as one number per request, or ``None`` for a tensor on ``device``."""
     if value is None:
         return [default] * batch
     if isinstance(value, torch.Tensor):
+        if value.dtype == torch.bool or value.is_complex():
+            raise TypeError(f"{name} must be a real tensor, got {value.dtype}")
+        if name == "top_k" and value.dtype.is_floating_point:
+            raise TypeError(f"top_k must be an integer tensor, got {value.dtype}")
         if value.dim() > 1 or (value.dim() == 1 and value.shape[0] != batch):
             raise ValueError(
                 f"{name} must be a scalar or have shape ({batch},), got {tuple(value.shape)}"
             )
-        if value.dtype == torch.bool or value.is_complex():
-            raise TypeError(f"{name} must be a real tensor, got {value.dtype}")
-        if not _on_host(value):
+        if not _placed(name, value, device):
             return None
-        values = value.expand(batch).tolist()
-        return [float(v) for v in values]
-    if isinstance(value, bool) or not isinstance(value, (int, float, Sequence)):
+        return list(value.expand(batch).tolist())
+    if isinstance(value, str | bytes) or not isinstance(value, numbers.Real | Sequence):
         raise TypeError(
             f"{name} must be a number, a sequence or a tensor, got {type(value).__name__}"
         )
-    if isinstance(value, (int, float)):
-        return [float(value)] * batch
-    values = [float(v) for v in value]
+    if not isinstance(value, Sequence):
+        return [_real(name, value)] * batch
+    values = [_real(name, v) for v in value]
     if len(values) != batch:
         raise ValueError(f"{name} must have one value per request ({batch}), got {len(values)}")
     return values
 
 
+def _as_float(value: float) -> float:
+    """``float(value)``, an int too large for a float becoming an infinity."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+_ALLOWED = {
+    "temperature": "finite and >= 0 (0 = greedy)",
+    "top_k": "an integer in [0, 2**63) (0 = off)",
+    "top_p": "in (0, 1] (1 = off)",
+    "min_p": "in [0, 1] (0 = off)",
+}
+"""What each sampling parameter accepts, as the error messages say it."""
+
+
+def _allowed(name: str, v: float) -> bool:
+    if name == "top_k":
+        if isinstance(v, int):
+            return 0 <= v < 1 << 63
+        return math.isfinite(v) and v == int(v) and 0 <= v < 2.0**63
+    x = _as_float(v)
+    if name == "temperature":
+        return x >= 0.0 and math.isfinite(x)
+    if name == "top_p":
+        return 0.0 < x <= 1.0
+    return 0.0 <= x <= 1.0
+
+
 def _validate(name: str, values: list[float]) -> None:
     for v in values:
-        if name == "temperature" and not (v >= 0.0 and math.isfinite(v)):
-            raise ValueError(f"temperature must be finite and >= 0, got {v}")
-        if name == "top_k" and not (v >= 0 and v == int(v)):
-            raise ValueError(f"top_k must be a non-negative integer (0 = off), got {v}")
-        if name == "top_p" and not 0.0 < v <= 1.0:
-            raise ValueError(f"top_p must lie in (0, 1], got {v}")
-        if name == "min_p" and not 0.0 <= v <= 1.0:
-            raise ValueError(f"min_p must lie in [0, 1], got {v}")
+        if not _allowed(name, v):
+            raise ValueError(f"{name} must be {_ALLOWED[name]}, got {v}")
 
 
 def _device_values(
     values: list[float] | None, given: Scalars, batch: int, device: torch.device, dtype: torch.dtype
 ) -> torch.Tensor:
     if values is not None:
+        if dtype == torch.int64:
+            values = [int(v) for v in values]
         return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
     if not isinstance(given, torch.Tensor):
         raise TypeError("expected a tensor")
     return given.to(device=device, dtype=dtype).expand(batch)
+
+
+def _check_device_values(name: str, value: torch.Tensor) -> None:
+    """Strict-mode range check of a parameter given as a device tensor (synchronises)."""
+    x = value.to(torch.float64)
+    if name == "temperature":
+        ok = torch.isfinite(x) & (x >= 0)
+    elif name == "top_k":
+        ok = x >= 0
+    elif name == "top_p":
+        ok = (x > 0) & (x <= 1)
+    else:
+        ok = (x >= 0) & (x <= 1)
+    if x.numel() and not bool(ok.all()):
+        bad = value.reshape(-1)[(~ok).reshape(-1)][0].item()
+        raise ValueError(f"{name} must be {_ALLOWED[name]}, got {bad}")
+
+
+def _parse(
+    given: dict[str, Scalars], batch: int, device: torch.device, strict: bool
+) -> dict[str, list[float] | None]:
+    """Each parameter's host values, validated (``None`` for a tensor on ``device``)."""
+    defaults = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    host = {n: _host_values(n, v, batch, defaults[n], device) for n, v in given.items()}
+    for name, values in host.items():
+        value = given[name]
+        if values is not None:
+            _validate(name, values)
+        elif strict and isinstance(value, torch.Tensor):
+            _check_device_values(name, value)
+    return host
+
+
+def check_max_drafts(max_drafts: object) -> None:
+    """Refuse a ``max_draft_tokens`` that is neither ``None`` nor an int >= 0.
+
+    Examples
+    --------
+    >>> check_max_drafts(2.0)
+    Traceback (most recent call last):
+    ...
+    TypeError: max_draft_tokens must be an int or None, got float
+    """
+    if max_drafts is None:
+        return
+    if isinstance(max_drafts, bool) or not isinstance(max_drafts, int):
+        raise TypeError(f"max_draft_tokens must be an int or None, got {type(max_drafts).__name__}")
+    if max_drafts < 0:
+        raise ValueError(f"max_draft_tokens must be >= 0, got {max_drafts}")
+
+
+def _counts_tensor(counts: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+    """Check a tensor of counts; ``None`` when it is on the host (its values are read)."""
+    if counts.dtype.is_floating_point or counts.is_complex() or counts.dtype == torch.bool:
+        raise TypeError(f"num_draft_tokens must be an integer tensor, got {counts.dtype}")
+    if counts.dim() != 1:
+        raise ValueError(f"num_draft_tokens must have shape [batch], got {tuple(counts.shape)}")
+    return None if _placed("num_draft_tokens", counts, device) else counts
+
+
+def _host_counts(counts: object) -> list[int]:
+    """Host counts: a sequence of ints in ``[0, 2**63)``."""
+    if isinstance(counts, str | bytes) or not isinstance(counts, Sequence):
+        raise TypeError(
+            "num_draft_tokens must be a sequence of ints or a 1-D integer tensor, "
+            f"got {type(counts).__name__}"
+        )
+    for n in counts:
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+            raise TypeError(f"num_draft_tokens entries must be int, got {type(n).__name__}")
+        if not 0 <= int(n) < 1 << 63:
+            raise ValueError(f"num_draft_tokens entries must lie in [0, 2**63), got {n}")
+    return [int(n) for n in counts]
 
 
 @dataclass(frozen=True)
@@ -131,9 +254,10 @@ class BatchLayout:
         Parameters
         ----------
         num_draft_tokens : sequence of int or tensor
-            ``[batch]`` drafts per request: host values, a CPU tensor, or an integer tensor
-            on the batch's device (then ``total_drafts`` and ``max_drafts`` are required,
-            as reading them would synchronise).
+            ``[batch]`` drafts per request: host ints, an integer CPU tensor, or an integer
+            tensor on the batch's device (then ``total_drafts`` and ``max_drafts`` are
+            required, as reading them would synchronise). A tensor on any other device is
+            refused.
         device : torch.device
             The batch's device.
         total_drafts, max_drafts : int, optional
@@ -142,20 +266,24 @@ class BatchLayout:
             at least the largest count).
         bonus_rows : bool
             Whether the target rows include each request's bonus row.
+
+        Raises
+        ------
+        TypeError
+            Counts that are not ints (or an integer tensor), a ``max_drafts`` not an int.
+        ValueError
+            A negative count, a tensor of the wrong shape or device, a ``max_drafts``
+            below the largest count.
         """
+        check_max_drafts(max_drafts)
         if isinstance(num_draft_tokens, torch.Tensor):
-            if num_draft_tokens.dim() != 1 or num_draft_tokens.dtype.is_floating_point:
-                raise ValueError(
-                    "num_draft_tokens must be a 1-D integer tensor or a sequence of ints"
-                )
-            if not _on_host(num_draft_tokens):
+            counts_tensor = _counts_tensor(num_draft_tokens, device)
+            if counts_tensor is not None:
                 return BatchLayout._from_device(
-                    num_draft_tokens, device, total_drafts, max_drafts, bonus_rows
+                    counts_tensor, device, total_drafts, max_drafts, bonus_rows
                 )
             num_draft_tokens = num_draft_tokens.tolist()
-        counts = [int(n) for n in num_draft_tokens]
-        if any(n < 0 for n in counts):
-            raise ValueError(f"num_draft_tokens must be >= 0, got {min(counts)}")
+        counts = _host_counts(num_draft_tokens)
         widest = max(counts, default=0)
         if max_drafts is not None and max_drafts < widest:
             raise ValueError(
@@ -265,18 +393,24 @@ class SamplingMetadata:
         top_k: Scalars = None,
         top_p: Scalars = None,
         min_p: Scalars = None,
+        strict: bool = False,
     ) -> SamplingMetadata:
         """Validate and expand the parameters: scalars, sequences, or tensors.
 
-        Tensors on the batch's device stay there (no synchronisation); their values are
-        checked only by :meth:`check_values`.
+        Host values (numbers, sequences, CPU tensors) are validated. Tensors on the batch's
+        device stay there (no synchronisation); their values are checked only with
+        ``strict`` (which synchronises). A tensor on another device is refused.
+
+        Raises
+        ------
+        TypeError
+            A parameter (or one of its values) that is not a real number; a top-k tensor
+            that is not of an integer dtype.
+        ValueError
+            A value out of range, a wrong length or shape, or a tensor on another device.
         """
         given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p}
-        defaults = {"temperature": 1.0, "top_k": 0.0, "top_p": 1.0, "min_p": 0.0}
-        host = {n: _host_values(n, v, batch, defaults[n]) for n, v in given.items()}
-        for name, values in host.items():
-            if values is not None:
-                _validate(name, values)
+        host = _parse(given, batch, device, strict)
         temps = host["temperature"]
         t = _device_values(temps, temperature, batch, device, torch.float32)
         greedy = t < GREEDY_BELOW
@@ -340,20 +474,3 @@ class SamplingMetadata:
             top_p=None if self.top_p is None else self.top_p[index],
             min_p=None if self.min_p is None else self.min_p[index],
         )
-
-    def check_values(self) -> None:
-        """Check the device values (synchronises): filters in range.
-
-        Raises
-        ------
-        ValueError
-            Naming the parameter whose value is out of range.
-        """
-        if not bool(torch.isfinite(self.inv_temperature).all()):
-            raise ValueError("temperature must be finite and >= 0")
-        if self.top_k is not None and bool((self.top_k < 0).any()):
-            raise ValueError("top_k must be a non-negative integer (0 = off)")
-        if self.top_p is not None and not bool(((self.top_p > 0) & (self.top_p <= 1)).all()):
-            raise ValueError("top_p must lie in (0, 1]")
-        if self.min_p is not None and not bool(((self.min_p >= 0) & (self.min_p <= 1)).all()):
-            raise ValueError("min_p must lie in [0, 1]")

@@ -21,6 +21,7 @@ from typing import NamedTuple
 import torch
 
 from specsample import backends
+from specsample.checks import check_step_uniforms
 from specsample.metadata import BatchLayout, SamplingMetadata
 from specsample.probs import RowStats, sampling_stats
 from specsample.random import Seeding, step_uniforms
@@ -46,25 +47,6 @@ class Plan(NamedTuple):
     stats: RowStats
     greedy: torch.Tensor
     uniforms: torch.Tensor | None
-
-
-def check_uniforms(uniforms: object, batch: int, k: int, device: torch.device) -> torch.Tensor:
-    """Validate caller-given uniforms: ``[batch, k + 1]`` float64 on ``device``.
-
-    Examples
-    --------
-    >>> check_uniforms(torch.zeros(2, 3, dtype=torch.float64), 2, 2, torch.device("cpu")).shape
-    torch.Size([2, 3])
-    """
-    if not isinstance(uniforms, torch.Tensor):
-        raise TypeError(f"uniforms must be a torch.Tensor, got {type(uniforms).__name__}")
-    if uniforms.shape != (batch, k + 1):
-        raise ValueError(f"uniforms must have shape {(batch, k + 1)}, got {tuple(uniforms.shape)}")
-    if uniforms.dtype != torch.float64:
-        raise TypeError(f"uniforms must be float64, got {uniforms.dtype}")
-    if uniforms.device != device:
-        raise ValueError(f"uniforms is on {uniforms.device} but the batch is on {device}")
-    return uniforms
 
 
 def plan_logits(
@@ -100,7 +82,7 @@ def plan_logits(
     stats = sampling_stats(target_logits, per_row, need_norm=need_norm or not sampling.all_greedy)
     device = target_logits.device
     if uniforms is not None:
-        uniforms = check_uniforms(uniforms, layout.batch, layout.max_drafts, device)
+        uniforms = check_step_uniforms(uniforms, layout.batch, layout.max_drafts + 1, device)
         if sampling.all_greedy:
             uniforms = None
     elif not sampling.all_greedy:
@@ -147,7 +129,13 @@ def run_logits(
     """
     layout = plan.layout
     if bonus_token_ids is not None and not layout.total_drafts:
-        tokens = bonus_token_ids.view(-1, 1).to(torch.int64)
+        tokens = torch.full(
+            (layout.batch, layout.max_drafts + 1),
+            -1,
+            dtype=torch.int64,
+            device=bonus_token_ids.device,
+        )
+        tokens[:, 0] = bonus_token_ids.view(-1)
         return tokens, torch.zeros(layout.batch, dtype=torch.int64, device=tokens.device)
     step = backends.logits_step(backend)
     token_ids, num_accepted = step(
@@ -188,6 +176,6 @@ def run_probs(
     if uniforms is None:
         uniforms = step_uniforms(seeding, k, device, positions)
     else:
-        uniforms = check_uniforms(uniforms, batch, k, device)
+        uniforms = check_step_uniforms(uniforms, batch, k + 1, device)
     rule = backends.prob_rule(backend, method)
     return rule(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms)

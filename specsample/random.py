@@ -28,7 +28,8 @@ at least one token), so no counter is ever read twice, whatever draft count each
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -129,6 +130,35 @@ def counter_uniform(
     return h.to(torch.float64) * (1.0 / 4294967296.0)
 
 
+def check_generators(
+    generators: object, batch: int, name: str = "generators"
+) -> tuple[tuple[int, torch.Generator], ...]:
+    """Per-row generators as ``(row, generator)`` pairs in row order, validated.
+
+    ``generators`` maps row indices in ``[0, batch)`` to :class:`torch.Generator`;
+    ``name`` is the argument's name in the messages (``"seeded_seqs"`` for the samplers).
+
+    Examples
+    --------
+    >>> check_generators({1: torch.Generator()}, 2)[0][0]
+    1
+    """
+    if generators is None:
+        return ()
+    if not isinstance(generators, Mapping):
+        raise TypeError(
+            f"{name} must be a dict of row -> torch.Generator, got {type(generators).__name__}"
+        )
+    for i, g in generators.items():
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral):
+            raise TypeError(f"{name} keys must be row indices (int), got {type(i).__name__}")
+        if not 0 <= int(i) < batch:
+            raise ValueError(f"{name} has row {i}, outside [0, {batch})")
+        if not isinstance(g, torch.Generator):
+            raise TypeError(f"{name}[{i}] must be a torch.Generator, got {type(g).__name__}")
+    return tuple(sorted((int(i), g) for i, g in generators.items()))
+
+
 @dataclass(frozen=True)
 class Seeding:
     """Where each row of a batch takes its random numbers from (see the module docstring).
@@ -175,16 +205,10 @@ class Seeding:
         """Combine per-row seeds (host list or device tensor) and per-row generators.
 
         ``seeds`` entries ``None`` or negative mean "not counter-seeded"; a row listed in
-        ``generators`` must not also have a seed. Values are validated by the caller.
+        ``generators`` must not also have a seed. Seed values are validated by the caller
+        (:func:`check_seeds`), the generators here (:func:`check_generators`).
         """
-        own = tuple(sorted((int(i), g) for i, g in (generators or {}).items()))
-        for i, g in own:
-            if not 0 <= i < batch:
-                raise ValueError(f"seeded_seqs/generators has row {i}, outside [0, {batch})")
-            if not isinstance(g, torch.Generator):
-                raise TypeError(
-                    f"seeded_seqs/generators[{i}] must be a torch.Generator, got {type(g).__name__}"
-                )
+        own = check_generators(generators, batch)
         mine = {i for i, _ in own}
         if isinstance(seeds, torch.Tensor):
             tensor = seeds.to(device=device, dtype=torch.int64)
@@ -192,7 +216,10 @@ class Seeding:
         values = [-1] * batch if seeds is None else [-1 if s is None else int(s) for s in seeds]
         clash = [i for i in mine if values[i] >= 0]
         if clash:
-            raise ValueError(f"row {clash[0]} has both a seed and a generator of its own")
+            raise ValueError(
+                f"seeds and generators (seeded_seqs): row {clash[0]} has both a seed and a "
+                "generator of its own; give it one or the other"
+            )
         shared = [i for i, s in enumerate(values) if s < 0 and i not in mine]
         counter_seeds = None
         if any(s >= 0 for s in values):
@@ -242,95 +269,6 @@ class Seeding:
             return out
         seeded = torch.cat([counter_uniform(self.seeds, c, s) for s, c in parts], dim=1)
         return torch.where(self.seeds.unsqueeze(-1) >= 0, seeded, out)
-
-
-def check_seeds(
-    seeds: torch.Tensor | Sequence[int | None] | None, batch: int
-) -> torch.Tensor | list[int | None] | None:
-    """Validate per-row seeds: an integer tensor ``[batch]`` as it is, or a host list.
-
-    Host entries are ``None`` or ``-1`` (not counter-seeded) or non-negative integers.
-
-    Examples
-    --------
-    >>> check_seeds([3, -1, None], 3)
-    [3, None, None]
-    """
-    if seeds is None:
-        return None
-    if isinstance(seeds, torch.Tensor):
-        if seeds.shape != (batch,) or seeds.dtype.is_floating_point or seeds.dtype == torch.bool:
-            raise ValueError(
-                f"seeds must be an integer tensor of shape ({batch},), got {seeds.dtype} "
-                f"of shape {tuple(seeds.shape)}"
-            )
-        return seeds
-    if isinstance(seeds, str | bytes) or not isinstance(seeds, Sequence):
-        raise TypeError(f"seeds must be a tensor or a sequence, got {type(seeds).__name__}")
-    if len(seeds) != batch:
-        raise ValueError(f"seeds must have one entry per row ({batch}), got {len(seeds)}")
-    for s in seeds:
-        if s is not None and (isinstance(s, bool) or not isinstance(s, int)):
-            raise TypeError(f"seeds entries must be int or None, got {type(s).__name__}")
-        if s is not None and s < -1:
-            raise ValueError(f"seeds must be non-negative (None or -1: unseeded), got {s}")
-    return [None if s is None or s == -1 else s for s in seeds]
-
-
-def seeding_from(
-    batch: int,
-    device: torch.device,
-    *,
-    seeds: torch.Tensor | Sequence[int | None] | None = None,
-    generators: Mapping[int, torch.Generator] | None = None,
-    generator: torch.Generator | None = None,
-) -> Seeding:
-    """Validate the randomness arguments of an entry point and combine them.
-
-    Examples
-    --------
-    >>> seeding_from(2, torch.device("cpu"), seeds=[3, None]).seeds.tolist()
-    [3, -1]
-    """
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    if generators is not None and not isinstance(generators, Mapping):
-        raise TypeError(
-            f"generators must be a dict of row -> torch.Generator, got {type(generators).__name__}"
-        )
-    return Seeding.build(
-        batch, device, seeds=check_seeds(seeds, batch), generators=generators, generator=generator
-    )
-
-
-def positions_from(
-    positions: torch.Tensor | Sequence[int] | None, batch: int, device: torch.device
-) -> torch.Tensor | None:
-    """Validate absolute positions (host integers or an integer tensor) as ``[batch]`` int64.
-
-    Examples
-    --------
-    >>> positions_from([4, 0], 2, torch.device("cpu")).tolist()
-    [4, 0]
-    """
-    if positions is None:
-        return None
-    if not isinstance(positions, torch.Tensor):
-        if isinstance(positions, str | bytes) or not isinstance(positions, Sequence):
-            raise TypeError(
-                f"positions must be a tensor or a sequence, got {type(positions).__name__}"
-            )
-        positions = torch.tensor([int(p) for p in positions], dtype=torch.int64)
-    if (
-        positions.shape != (batch,)
-        or positions.dtype.is_floating_point
-        or positions.dtype == torch.bool
-    ):
-        raise ValueError(
-            f"positions must be integers of shape ({batch},), got {positions.dtype} "
-            f"of shape {tuple(positions.shape)}"
-        )
-    return positions.to(device=device, dtype=torch.int64, non_blocking=True)
 
 
 def stripe(

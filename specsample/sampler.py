@@ -14,46 +14,39 @@ count only drafts accepted in order.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
 
 from specsample import backends, pipeline
-from specsample.checks import check_chain_inputs, check_chain_values, require_tensor
+from specsample.checks import (
+    check_backend,
+    check_chain_inputs,
+    check_chain_values,
+    check_step_uniforms,
+    check_uniform_values,
+    require_data,
+    require_tensor,
+)
 from specsample.methods import chain_methods, check_method
-from specsample.random import Seeding
+from specsample.random import STEP_STRIDE
 from specsample.rules.typical import (
     DEFAULT_POSTERIOR_ALPHA,
     DEFAULT_POSTERIOR_THRESHOLD,
     check_parameters,
     typical_acceptance,
 )
+from specsample.seeding import check_position_values, positions_from, seeding_from
 from specsample.stats import VerificationStats
-
-
-def _check_row_tensor(
-    name: str, value: torch.Tensor | None, batch: int, device: torch.device
-) -> torch.Tensor | None:
-    if value is None:
-        return None
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}")
-    if value.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"{name} must be int64 or int32, got {value.dtype}")
-    if value.shape != (batch,):
-        raise ValueError(f"{name} must have shape {(batch,)}, got {tuple(value.shape)}")
-    if value.device != device:
-        raise ValueError(f"{name} is on {value.device} but target_probs is on {device}")
-    return value
 
 
 def draft_positions(target: object, draft_probs: object) -> torch.Tensor:
     """The target rows at the draft positions: ``target[:, :k]`` when it has the bonus row.
 
     ``target`` may be ``[batch, k, vocab]`` or ``[batch, k + 1, vocab]`` (the later vLLM
-    convention, ``target_with_bonus_probs``); the bonus row is never read (the bonus token
-    is given). Returns a view, never a copy.
+    convention, ``target_with_bonus_probs``), ``draft_probs`` being ``[batch, k, vocab]``;
+    the bonus row is never read (the bonus token is given). Returns a view, never a copy.
 
     Examples
     --------
@@ -66,6 +59,7 @@ def draft_positions(target: object, draft_probs: object) -> torch.Tensor:
         and target.dim() == 3
         and draft_probs.dim() == 3
         and target.shape[1] == draft_probs.shape[1] + 1
+        and (target.shape[0], target.shape[2]) == (draft_probs.shape[0], draft_probs.shape[2])
     ):
         return target[:, :-1]
     return target
@@ -151,7 +145,7 @@ class RejectionSampler(_SpecSampler):
     def __init__(self, strict_mode: bool = False, method: str = "chain", backend: str = "auto"):
         super().__init__(strict_mode)
         self.method = check_method(method, chain_methods())
-        if backend not in backends.BACKENDS:
+        if check_backend(backend, backends.BACKENDS) not in backends.BACKENDS:
             raise ValueError(f"backend must be one of {backends.BACKENDS}, got {backend!r}")
         self.backend = backend
 
@@ -164,8 +158,8 @@ class RejectionSampler(_SpecSampler):
         seeded_seqs: Mapping[int, torch.Generator] | None = None,
         *,
         generator: torch.Generator | None = None,
-        seeds: torch.Tensor | None = None,
-        positions: torch.Tensor | None = None,
+        seeds: torch.Tensor | Sequence[int | None] | None = None,
+        positions: torch.Tensor | Sequence[int] | None = None,
         uniforms: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Accept a prefix of each sequence's drafts and emit one more token.
@@ -183,20 +177,23 @@ class RejectionSampler(_SpecSampler):
             ``[batch, k, vocab]`` the draft distributions ``p`` the drafts were sampled
             from, same dtype as ``target_probs``.
         draft_token_ids : torch.Tensor
-            ``[batch, k]`` int64 drafted tokens.
+            ``[batch, k]`` int64 drafted tokens, ``k <= 255``.
         seeded_seqs : dict of int to torch.Generator, optional
             Row ``i`` draws all its random numbers from ``seeded_seqs[i]``; its output does
             not depend on the other rows.
         generator : torch.Generator, optional
             Source of randomness for the other unseeded rows (torch's default generator
             otherwise); only those rows consume it.
-        seeds : torch.Tensor, optional
-            ``[batch]`` int64 per-row seeds; a row with seed ``>= 0`` draws from a
+        seeds : torch.Tensor or sequence of (int or None), optional
+            ``[batch]`` per-row seeds (an int64 or int32 tensor, or host ints in
+            ``[0, 2**63)`` and ``None``); a row with seed ``>= 0`` draws from a
             counter-based stream of its own, so its output depends only on its seed, its
-            position and its inputs (not on its index or the other rows). Negative: unseeded.
-        positions : torch.Tensor, optional
-            ``[batch]`` int64 absolute position of each row's first draft in its sequence
-            (default 0). A seeded step reads the stripe of counters of its position (see
+            position and its inputs (not on its index or the other rows). Negative or
+            ``None``: unseeded.
+        positions : torch.Tensor or sequence of int, optional
+            ``[batch]`` absolute position of each row's first draft in its sequence (an
+            int64 or int32 tensor, or host ints; in ``[0, 2**40)``, default 0). A seeded
+            step reads the stripe of counters of its position (see
             :mod:`specsample.random`), so a loop never reuses a number.
         uniforms : torch.Tensor, optional
             ``[batch, k + 1]`` float64 uniforms to use instead of drawing them.
@@ -210,20 +207,35 @@ class RejectionSampler(_SpecSampler):
         target_probs = draft_positions(target_probs, draft_probs)
         check_chain_inputs(target_probs, bonus_token_ids, draft_probs, draft_token_ids)
         batch, k, _ = target_probs.shape
+        if k >= STEP_STRIDE:
+            raise ValueError(
+                f"draft_token_ids: a row may have at most {STEP_STRIDE - 1} drafts, got {k}"
+            )
         device = target_probs.device
-        seeds = _check_row_tensor("seeds", seeds, batch, device)
-        positions = _check_row_tensor("positions", positions, batch, device)
+        seeding = seeding_from(
+            batch,
+            device,
+            seeds=seeds,
+            generators=seeded_seqs,
+            generator=generator,
+            generators_name="seeded_seqs",
+        )
+        at = positions_from(positions, batch, device)
         if self.strict_mode:
+            require_data("target_probs", target_probs)
             check_chain_values(target_probs, bonus_token_ids, draft_probs, draft_token_ids)
+            check_position_values(at)
+            if uniforms is not None:
+                check_uniform_values(check_step_uniforms(uniforms, batch, k + 1, device))
         result = pipeline.run_probs(
             target_probs,
             draft_probs,
             draft_token_ids,
             bonus_token_ids,
-            Seeding.build(batch, device, seeds=seeds, generators=seeded_seqs, generator=generator),
+            seeding,
             backend=backends.resolve(self.backend, target_probs),
             method=self.method,
-            positions=positions,
+            positions=at,
             uniforms=uniforms,
         )
         self.stats.update(result.num_accepted, k)
@@ -297,12 +309,21 @@ class TypicalAcceptanceSampler(_SpecSampler):
         """
         ids = require_tensor("draft_token_ids", draft_token_ids)
         target = require_tensor("target_with_bonus_probs", target_with_bonus_probs)
+        if target.dim() == 3 and (ids.dim() != 2 or target.shape[1] - ids.shape[1] not in (0, 1)):
+            raise ValueError(
+                "draft_token_ids must have shape [batch, k] with target_with_bonus_probs "
+                f"[batch, k + 1, vocab] (or [batch, k, vocab]) of shape {tuple(target.shape)}, "
+                f"got {tuple(ids.shape)}"
+            )
         rows = (
             target[:, :-1] if target.dim() == 3 and target.shape[1] == ids.shape[-1] + 1 else target
         )
-        check_chain_inputs(rows, bonus_token_ids, rows if draft_probs is None else draft_probs, ids)
+        name = "target_with_bonus_probs"
+        draft = rows if draft_probs is None else draft_probs
+        check_chain_inputs(rows, bonus_token_ids, draft, ids, target_name=name)
         if self.strict_mode:
-            check_chain_values(rows, bonus_token_ids, draft_probs, ids)
+            require_data(name, rows)
+            check_chain_values(rows, bonus_token_ids, draft_probs, ids, target_name=name)
         result = typical_acceptance(
             rows,
             ids,

@@ -379,7 +379,7 @@ BAD_INPUTS: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     (
         "float counts",
         {"num_draft_tokens": torch.tensor([2.0, 0, 3])},
-        ValueError,
+        TypeError,
         "num_draft_tokens",
     ),
     ("temperature < 0", {"temperature": [1.0, -0.5, 1.0]}, ValueError, "temperature"),
@@ -440,7 +440,7 @@ BAD_INPUTS: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ),
     ("draft_probs 3-D", {"draft_probs": torch.full((1, 5, V), 0.1)}, ValueError, "draft_probs"),
     ("counts 2-D", {"num_draft_tokens": torch.tensor([[2, 0, 3]])}, ValueError, "num_draft_tokens"),
-    ("seeds float", {"seeds": torch.tensor([1.0, 2.0, 3.0])}, ValueError, "seeds"),
+    ("seeds float", {"seeds": torch.tensor([1.0, 2.0, 3.0])}, TypeError, "seeds"),
     (
         "ids on meta",
         {"draft_token_ids": torch.zeros(5, dtype=torch.int64, device="meta")},

@@ -26,7 +26,8 @@ import torch
 
 from specsample.metadata import GREEDY_BELOW, SamplingMetadata, Scalars
 from specsample.probs import processed_probs
-from specsample.random import STEP_STRIDE, Seeding, Stream, check_seeds, stripe
+from specsample.random import STEP_STRIDE, Seeding, Stream, stripe
+from specsample.seeding import check_seeds
 
 DRAFT_STRIDE = STEP_STRIDE
 """Counters of :attr:`~specsample.random.Stream.DRAFT` a step may read per position, so at most

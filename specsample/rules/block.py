@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from specsample.rules.chain import VerifyResult, emit, gather_drafts
+from specsample.rules.chain import VerifyResult, check_rule_inputs, emit, gather_drafts
 from specsample.rules.residual import block_masses, sample_residual
 from specsample.rules.rows import ProbRows, Selection, flat_rows
 
@@ -123,7 +123,7 @@ def residual_mass_per_position(
     masses = block_masses(
         target, vocab, draft=draft, target_scale=weights[:, :k].reshape(-1).to(torch.float32)
     )
-    masses = masses.view(2, batch, k, -1)
+    masses = masses.view(2, batch, k, masses.shape[-1])
     return masses, masses[1].sum(dim=-1, dtype=torch.float64)
 
 
@@ -136,8 +136,8 @@ def block_verify(
 ) -> VerifyResult:
     """Verify a chain of ``k`` drafts per sequence by block verification.
 
-    Same arguments and result as :func:`specsample.rules.chain.chain_verify`; the ``k``
-    uniforms are the ``eta_i``, the last one draws the residual.
+    Same arguments, result and checks as :func:`specsample.rules.chain.chain_verify`; the
+    ``k`` uniforms are the ``eta_i``, the last one draws the residual.
 
     Examples
     --------
@@ -148,6 +148,7 @@ def block_verify(
     >>> block_verify(q, p, torch.tensor([[0, 0]]), torch.tensor([1]), u).token_ids
     tensor([[0, 0, 1]])
     """
+    check_rule_inputs(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms)
     batch, k, vocab = target_probs.shape
     drafts = gather_drafts(target_probs, draft_probs, draft_token_ids, bonus_token_ids)
     ids, bonus = drafts.ids, drafts.bonus

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import torch
 
+from specsample.checks import check_chain_inputs, check_step_uniforms, require_tensor
 from specsample.rules.residual import sample_residual
 from specsample.rules.rows import ProbRows, flat_rows
 
@@ -113,6 +114,36 @@ def gather_drafts(
     )
 
 
+def check_rule_inputs(
+    target_probs: object,
+    draft_probs: object,
+    draft_token_ids: object,
+    bonus_token_ids: object,
+    uniforms: object,
+) -> None:
+    """The shape, dtype and device checks of a rule's arguments (no synchronisation).
+
+    Raises
+    ------
+    TypeError, ValueError
+        Naming the argument, as :func:`specsample.checks.check_chain_inputs` does (and for
+        ``uniforms``, ``[batch, k + 1]`` float64 on the device of ``target_probs``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> q = torch.full((1, 1, 2), 0.5)
+    >>> check_rule_inputs(q, q, torch.tensor([[0]]), torch.tensor([[1, 1]]), torch.zeros(1, 2))
+    Traceback (most recent call last):
+    ...
+    ValueError: bonus_token_ids must have shape (1, 1) or (1,), got (1, 2)
+    """
+    check_chain_inputs(target_probs, bonus_token_ids, draft_probs, draft_token_ids)
+    target = require_tensor("target_probs", target_probs)
+    batch, k, _ = target.shape
+    check_step_uniforms(uniforms, batch, k + 1, target.device)
+
+
 def chain_verify(
     target_probs: torch.Tensor,
     draft_probs: torch.Tensor,
@@ -143,6 +174,12 @@ def chain_verify(
     VerifyResult
         ``token_ids [batch, k + 1]`` and ``num_accepted [batch]``.
 
+    Raises
+    ------
+    TypeError, ValueError
+        For arguments of the wrong type, dtype, shape or device (see
+        :func:`check_rule_inputs`); values are not read.
+
     Examples
     --------
     >>> import torch
@@ -152,6 +189,7 @@ def chain_verify(
     >>> chain_verify(q, p, torch.tensor([[1, 0]]), torch.tensor([1]), u).token_ids
     tensor([[1, 0, 1]])
     """
+    check_rule_inputs(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms)
     batch, k, vocab = target_probs.shape
     drafts = gather_drafts(target_probs, draft_probs, draft_token_ids, bonus_token_ids)
     if k == 0:

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from specsample.checks import require_tensor
+from specsample.checks import require_data, require_tensor
 
 
 class TreeVerifyResult(NamedTuple):
@@ -147,6 +147,11 @@ def check_tree(
             f"draft_token_ids is on {draft_token_ids.device} "
             f"but target_probs is on {target_probs.device}"
         )
+    if parents.device not in (torch.device("cpu"), target_probs.device):
+        raise ValueError(
+            f"parents is on {parents.device}: give it on the CPU or on the device of "
+            f"target_probs ({target_probs.device})"
+        )
     return target_probs, draft_token_ids, parents
 
 
@@ -176,6 +181,7 @@ def strict_checks(
     draft_probs: torch.Tensor | None,
 ) -> None:
     """Value checks of checked inputs (these synchronise with the device)."""
+    require_data("target_probs", target_probs)
     n, vocab = target_probs.shape[1], target_probs.shape[2]
     node = torch.arange(n, device=parents.device)
     bad_parent = (parents[:, 1:] < -1) | (parents[:, 1:] >= node[1:])
@@ -186,8 +192,8 @@ def strict_checks(
     if bool((in_tree & ((ids < 0) | (ids >= vocab))).any()):
         raise ValueError(f"draft_token_ids of tree nodes must lie in [0, {vocab})")
     for name, probs in (("target_probs", target_probs), ("draft_probs", draft_probs)):
-        if probs is not None and bool((torch.isnan(probs) | (probs < 0)).any()):
-            raise ValueError(f"{name} must be non-negative and free of NaN")
+        if probs is not None and not bool((torch.isfinite(probs) & (probs >= 0)).all()):
+            raise ValueError(f"{name} must be finite and non-negative (no NaN or inf)")
 
 
 def child_table(parents: torch.Tensor, batch: int, max_children: int) -> torch.Tensor:

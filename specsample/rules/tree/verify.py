@@ -8,8 +8,8 @@ from typing import Literal
 
 import torch
 
-from specsample.checks import require_tensor
-from specsample.random import inverse_cdf, positions_from, seeding_from
+from specsample.checks import check_flag, check_uniform_values, require_tensor
+from specsample.random import inverse_cdf
 from specsample.rules.tree.structure import (
     TreeVerifyResult,
     Walk,
@@ -19,6 +19,7 @@ from specsample.rules.tree.structure import (
     strict_checks,
 )
 from specsample.rules.tree.uniforms import tree_uniforms
+from specsample.seeding import check_position_values, positions_from, seeding_from
 
 Drafting = Literal["iid", "without_replacement", "deterministic"]
 TreeMethod = Literal["mss", "rrs", "onehot"]
@@ -73,6 +74,8 @@ def tree_method(drafting: str, method: str | None = None) -> str:
 
     Raises
     ------
+    TypeError
+        When ``drafting`` or ``method`` is not a string.
     ValueError
         For an unknown name, or a rule that is biased for ``drafting`` (the message says why).
 
@@ -87,11 +90,19 @@ def tree_method(drafting: str, method: str | None = None) -> str:
     ...
     ValueError: method='mss' is biased with drafting='deterministic': MSS treats each child ...
     """
-    if not isinstance(drafting, str) or drafting not in _DERIVED:
+    if not isinstance(drafting, str):
+        raise TypeError(
+            f"drafting must be a str, one of {TREE_DRAFTING}, got {type(drafting).__name__}"
+        )
+    if drafting not in _DERIVED:
         raise ValueError(f"drafting must be one of {TREE_DRAFTING}, got {drafting!r}")
     if method is None:
         return _DERIVED[drafting]
-    if not isinstance(method, str) or method not in TREE_METHODS:
+    if not isinstance(method, str):
+        raise TypeError(
+            f"method must be a str, one of {TREE_METHODS}, or None, got {type(method).__name__}"
+        )
+    if method not in TREE_METHODS:
         raise ValueError(f"method must be one of {TREE_METHODS} or None, got {method!r}")
     reason = _BIASED.get((drafting, method))
     if reason is not None:
@@ -214,14 +225,18 @@ def _step_uniforms(
     generator: torch.Generator | None,
     seeds: torch.Tensor | Sequence[int | None] | None,
     generators: Mapping[int, torch.Generator] | None,
-    positions: torch.Tensor | None,
+    positions: torch.Tensor | Sequence[int] | None,
+    strict: bool,
 ) -> torch.Tensor:
     """The given ``uniforms`` checked, or the step's own drawn: ``[batch, tests + 1]`` float64."""
     if uniforms is None:
         seeding = seeding_from(
             batch, device, seeds=seeds, generators=generators, generator=generator
         )
-        return tree_uniforms(seeding, *bounds, device, positions_from(positions, batch, device))
+        at = positions_from(positions, batch, device)
+        if strict:
+            check_position_values(at)
+        return tree_uniforms(seeding, *bounds, device, at)
     uniforms = require_tensor("uniforms", uniforms)
     if seeds is not None or generators is not None:
         raise ValueError("pass uniforms or seeds/generators, not both")
@@ -231,7 +246,13 @@ def _step_uniforms(
             f"uniforms must have shape {(batch, columns)} "
             f"(max_depth * max_children + 1 columns), got {tuple(uniforms.shape)}"
         )
-    return uniforms.to(device=device, dtype=torch.float64)
+    if uniforms.dtype != torch.float64:
+        raise TypeError(f"uniforms must be float64, got {uniforms.dtype}")
+    if uniforms.device != device:
+        raise ValueError(f"uniforms is on {uniforms.device} but target_probs is on {device}")
+    if strict:
+        check_uniform_values(uniforms)
+    return uniforms
 
 
 def tree_verify(
@@ -248,7 +269,7 @@ def tree_verify(
     generator: torch.Generator | None = None,
     seeds: torch.Tensor | Sequence[int | None] | None = None,
     generators: dict[int, torch.Generator] | None = None,
-    positions: torch.Tensor | None = None,
+    positions: torch.Tensor | Sequence[int] | None = None,
     strict: bool = False,
 ) -> TreeVerifyResult:
     """Verify a token tree per request, exactly, with the rule its drafting calls for.
@@ -266,6 +287,8 @@ def tree_verify(
         ``parents[b, i] < i`` for a tree node ``i >= 1``, ``-1`` for padding (entry 0 unused).
         Children of a node are tried in increasing index order, which must not depend on
         their token values (for i.i.d. children the drawing order is random, as needed).
+        On the CPU (the loop bounds are then read from it) or the device of
+        ``target_probs``.
     drafting : {"iid", "without_replacement", "deterministic"}
         How the children of each node were drafted (see the module documentation).
         Required: the rule is derived from it.
@@ -281,25 +304,29 @@ def tree_verify(
         accelerator. Smaller values truncate the tree, which stays exact. When the
         uniforms are drawn, ``max_depth * max_children <= TREE_STRIDE``.
     uniforms : torch.Tensor, optional
-        ``[batch, max_depth * max_children + 1]`` float64 in ``[0, 1)``, laid out as by
-        :func:`tree_uniforms`; drawn when omitted.
+        ``[batch, max_depth * max_children + 1]`` float64 in ``[0, 1)`` on the device of
+        ``target_probs``, laid out as by :func:`tree_uniforms`; drawn when omitted.
     generator : torch.Generator, optional
         Randomness of the requests with neither a seed nor a generator of their own (when
         ``uniforms`` is omitted; torch's default generator when ``None``).
     seeds : torch.Tensor or sequence of (int or None), optional
-        ``[batch]`` per-request seeds (``None`` or negative: not seeded). A seeded
-        request's output depends only on its seed, its position and its own rows.
+        ``[batch]`` per-request seeds: an int64 or int32 tensor (negative: not seeded) on
+        the CPU or the device of ``target_probs``, or host ints in ``[0, 2**63)`` (``None``
+        or -1: not seeded). A seeded request's output depends only on its seed, its
+        position and its own rows.
     generators : dict of int to torch.Generator, optional
         Per-request generators (vLLM's ``seeded_seqs``): request ``i`` draws all its numbers
         from ``generators[i]``, so its output does not depend on the other requests. A
         request listed here must not also have a seed.
-    positions : torch.Tensor, optional
-        ``[batch]`` integer absolute position of each request's first draft (the number of
-        tokens before it; default 0); advance it by ``num_emitted`` from step to step, so
-        that seeded requests never read a counter twice.
+    positions : torch.Tensor or sequence of int, optional
+        ``[batch]`` absolute position of each request's first draft (the number of tokens
+        before it; default 0), in ``[0, 2**40)``: host ints, or an int64 or int32 tensor on
+        the CPU or the device of ``target_probs``. Advance it by ``num_emitted`` from step
+        to step, so that seeded requests never read a counter twice.
     strict : bool
-        Also check values (the tree structure, token ids of tree nodes, negative or NaN
-        probabilities); this synchronises with the device.
+        Also check values (the tree structure, token ids of tree nodes, probabilities
+        finite and non-negative, positions and given uniforms in range); this
+        synchronises with the device.
 
     Returns
     -------
@@ -339,6 +366,7 @@ def tree_verify(
     ValueError: drafting='iid' (method 'mss') needs draft_probs, the distributions the ...
     """
     target_probs, draft_token_ids, parents = check_tree(target_probs, draft_token_ids, parents)
+    check_flag("strict", strict)
     rule = tree_method(drafting, method)
     checked_draft = _draft_rows(drafting, rule, draft_probs, target_probs)
     bounds = resolve_bounds(parents, max_depth, max_children)
@@ -353,6 +381,7 @@ def tree_verify(
         seeds=seeds,
         generators=generators,
         positions=positions,
+        strict=strict,
     )
     return _verify(target_probs, draft_token_ids, parents, checked_draft, rule, *bounds, drawn)
 
