@@ -188,10 +188,7 @@ def verify(
     """
     target_logits = require_tensor("target_logits", target_logits)
     draft_token_ids = require_tensor("draft_token_ids", draft_token_ids)
-    check_method(method, chain_methods())
-    check_backend(backend, backends.BACKENDS)
-    check_flag("strict", strict)
-    check_flag("return_logprobs", return_logprobs)
+    _check_options(method, backend, strict, return_logprobs)
     check_logits_tensors(target_logits, draft_token_ids)
     chosen = backends.resolve(backend, target_logits)
     device = target_logits.device
@@ -204,22 +201,14 @@ def verify(
         return_logprobs,
     )
     drafts = _check_drafts(target_logits, draft_token_ids, layout, draft_probs, draft_logits)
-    sampling = SamplingMetadata.build(
-        layout.batch,
-        device,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        strict=strict,
-    )
+    params = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p}
+    sampling = SamplingMetadata.build(layout.batch, device, strict=strict, **params)
     seeding = seeding_from(
         layout.batch, device, seeds=seeds, generators=generators, generator=generator
     )
     at = positions_from(positions, layout.batch, device)
     if strict:
-        _strict_checks(target_logits, draft_token_ids, drafts, layout, bonus)
-        check_position_values(at)
+        _strict_checks(target_logits, draft_token_ids, drafts, layout, bonus, at)
     plan = pipeline.plan_logits(
         target_logits,
         layout,
@@ -246,6 +235,14 @@ def verify(
     return VerifyOutput(token_ids, num_accepted, logprobs)
 
 
+def _check_options(method: object, backend: object, strict: object, logprobs: object) -> None:
+    """The rule, the backend and the two flags of :func:`verify`, checked."""
+    check_method(method, chain_methods())
+    check_backend(backend, backends.BACKENDS)
+    check_flag("strict", strict)
+    check_flag("return_logprobs", logprobs)
+
+
 def _check_drafts(
     target_logits: torch.Tensor,
     draft_token_ids: torch.Tensor,
@@ -268,9 +265,11 @@ def _strict_checks(
     drafts: dict[str, torch.Tensor],
     layout: BatchLayout,
     bonus: torch.Tensor | None,
+    positions: torch.Tensor | None,
 ) -> None:
     """The value checks of strict mode (they synchronise with the device)."""
     require_data("target_logits", target_logits)
+    check_position_values(positions)
     name, rows = next(iter(drafts.items()), ("draft_probs", None))
     check_logits_values(target_logits, draft_token_ids, rows, name)
     check_layout_values(layout)
