@@ -47,6 +47,7 @@ from specsample.metadata import BatchLayout, SamplingMetadata, Scalars
 from specsample.methods import chain_methods, check_method
 from specsample.probs import RowStats
 from specsample.random import STEP_STRIDE
+from specsample.rules.rows import unit_columns
 from specsample.seeding import check_position_values, positions_from, seeding_from
 
 Ints = Sequence[int] | torch.Tensor
@@ -190,6 +191,7 @@ def verify(
     draft_token_ids = require_tensor("draft_token_ids", draft_token_ids)
     _check_options(method, backend, strict, return_logprobs)
     check_logits_tensors(target_logits, draft_token_ids)
+    target_logits = unit_columns(target_logits)
     chosen = backends.resolve(backend, target_logits)
     device = target_logits.device
     layout, bonus = _layout(
@@ -256,7 +258,7 @@ def _check_drafts(
     name = "draft_probs" if draft_probs is not None else "draft_logits"
     given = draft_probs if draft_probs is not None else draft_logits
     rows = check_logits_inputs(target_logits, draft_token_ids, layout, given, name)
-    return {} if rows is None else {name: rows}
+    return {} if rows is None else {name: unit_columns(rows)}
 
 
 def _strict_checks(
@@ -298,6 +300,11 @@ def _layout(
         name = "num_draft_tokens" if max_draft_tokens is None else "max_draft_tokens"
         raise ValueError(
             f"{name}: a request may have at most {STEP_STRIDE - 1} drafts, got {layout.max_drafts}"
+        )
+    if layout.total_drafts != draft_token_ids.shape[0]:
+        raise ValueError(
+            f"num_draft_tokens adds up to {layout.total_drafts} "
+            f"but draft_token_ids has {draft_token_ids.shape[0]} entries"
         )
     bonus = _bonus_ids(bonus_token_ids, layout.batch, target_logits.device)
     if return_logprobs and bonus is not None:

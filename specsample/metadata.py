@@ -77,7 +77,9 @@ def _host_values(
             f"{name} must be a number, a sequence or a tensor, got {type(value).__name__}"
         )
     if not isinstance(value, Sequence):
-        return [_real(name, value)] * batch
+        scalar = _real(name, value)
+        _validate(name, [scalar])
+        return [scalar] * batch
     values = [_real(name, v) for v in value]
     if len(values) != batch:
         raise ValueError(f"{name} must have one value per request ({batch}), got {len(values)}")

@@ -129,6 +129,8 @@ def row_stats(
     >>> s.shift.tolist(), s.cutoff.tolist(), s.argmax.tolist(), round(float(s.log_norm), 4)
     ([3.0], [-1.0], [1], 0.3133)
     """
+    if logits.dim() == 2 and logits.shape[-1] > 1 and logits.stride(-1) != 1:
+        logits = logits.contiguous()
     rows, vocab = logits.shape
     device = logits.device
     cutoff = torch.full((rows,), -math.inf, device=device)

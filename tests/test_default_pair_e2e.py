@@ -160,14 +160,20 @@ def shipped64(dirs: tuple[Any, Any], shipped: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize(("method", "k"), [("chain", 4), ("block", 4), ("chain", 7)])
-def test_greedy_equals_target_greedy(shipped64: dict[str, Any], method: str, k: int) -> None:
+@pytest.mark.parametrize(
+    ("method", "k", "adaptive"),
+    [("chain", 4, False), ("block", 4, False), ("chain", 7, False), ("chain", 4, True)],
+)
+def test_greedy_equals_target_greedy(
+    shipped64: dict[str, Any], method: str, k: int, adaptive: bool
+) -> None:
+    """Greedy speculative output equals target greedy, fixed or adaptive draft lengths."""
     tokenizer = shipped64["tokenizer"]
     prompts = [tokenizer.encode(p) for p in GREEDY_PROMPTS]
     target, draft = shipped64["target"], shipped64["draft"]
     expected = target_generate(target, prompts, max_new_tokens=GREEDY_TOKENS).sequences
     out = speculative_generate(
-        target, prompts, draft, k=k, method=method, max_new_tokens=GREEDY_TOKENS
+        target, prompts, draft, k=k, method=method, max_new_tokens=GREEDY_TOKENS, adaptive=adaptive
     )
     assert out.sequences == expected
     assert out.stats.tokens_per_forward > 1.5

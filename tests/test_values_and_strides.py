@@ -194,3 +194,37 @@ def test_draft_with_plus_infinity_is_one_hot(backend: str) -> None:
         target, torch.tensor([6]), [1], draft_logits=draft_logits, uniforms=u, backend=backend
     )
     assert out.token_ids[0, 0] == 6
+
+
+def test_logprobs_do_not_depend_on_strides() -> None:
+    """Found by fuzzing: the log-normaliser summed a column-major chunk in another order."""
+    logits = torch.tensor(
+        [
+            [-0.3099, -0.0561, 0.5174, -1.5962, 0.4990],
+            [0.8780, 0.3894, 1.4625, 0.4795, -0.5334],
+            [-0.0347, 0.6573, -0.3112, -0.5620, -0.4835],
+            [-1.2721, -0.1740, 0.5541, -0.1817, -0.2345],
+        ]
+    )
+    u = torch.full((4, 1), 0.5, dtype=torch.float64)
+    none = torch.zeros(0, dtype=torch.int64)
+    a = verify(logits, none, [0] * 4, return_logprobs=True, uniforms=u)
+    b = verify(_column_major(logits), none, [0] * 4, return_logprobs=True, uniforms=u)
+    assert a.logprobs is not None and b.logprobs is not None
+    assert torch.equal(a.logprobs, b.logprobs)
+
+
+def test_block_rule_never_accepts_a_draft_of_zero_weight() -> None:
+    """Found by fuzzing: given uniforms below 0 made ``eta < h`` pass where ``h = 0``."""
+    u = torch.full((1, 2), -0.5, dtype=torch.float64)
+    one = torch.ones(1, 1, 1)
+    out = RejectionSampler(method="block")(
+        one, torch.tensor([[0]]), one, torch.tensor([[1]]), uniforms=u
+    )
+    assert out.tolist() == [[0, -1]]
+
+
+def test_empty_batch_still_validates_scalar_parameters() -> None:
+    """Found by fuzzing: a scalar parameter was checked only once expanded to the batch."""
+    with pytest.raises(ValueError, match="temperature"):
+        verify(torch.zeros(0, 5), torch.zeros(0, dtype=torch.int64), [], temperature=-1.0)

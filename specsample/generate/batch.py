@@ -16,6 +16,7 @@ import torch
 from specsample.api import verify
 from specsample.generate.drafters import Drafter
 from specsample.generate.hf import CachedLM
+from specsample.generate.policy import CostModel, DraftLengthPolicy
 from specsample.generate.state import DecodeState, Prefill, SamplingState
 from specsample.generate.stats import GenerationStats
 from specsample.rules.typical import typical_acceptance
@@ -46,6 +47,8 @@ class Run:
         End-of-sequence ids.
     on_tokens, on_progress : callable or None
         The callbacks.
+    adaptive : bool
+        Choose each step's draft length in ``0..k`` (:mod:`.policy`); otherwise always ``k``.
     """
 
     def __init__(
@@ -58,8 +61,11 @@ class Run:
         eos: list[int],
         on_tokens: TokenCallback | None,
         on_progress: ProgressCallback | None,
+        adaptive: bool = False,
     ) -> None:
         self.lm = lm
+        self.adaptive = adaptive and drafter is not None and k > 0
+        self.costs: dict[int, CostModel] = {}
         self.drafter = drafter
         self.k = k
         self.method = method
@@ -125,7 +131,10 @@ class _Batch:
         self.sampling = run.sampling.rows(indices)
         self.rows = list(indices)
         self.size = len(prompts)
-        self.cols = torch.arange(run.k + 1, device=device)
+        self.policy = None
+        if run.adaptive:
+            cost = run.costs.setdefault(len(prompts), CostModel())
+            self.policy = DraftLengthPolicy(run.k, len(prompts), cost)
         self.counts = torch.zeros(run.k + 1, dtype=torch.int64, device=device)
         self.method = run.method if run.k else "chain"
         self.steps = self.forwards = self.generated = 0
@@ -142,33 +151,50 @@ class _Batch:
 
     def step(self, results: list[list[int]]) -> None:
         """Draft, score, verify and commit one step of every active sequence."""
-        drafts, probs = self._propose()
-        new, emitted = self._verify(self._score(drafts), drafts, probs)
+        k = self.policy.choose() if self.policy is not None else self.run.k
+        started = time.perf_counter()
+        drafts, probs = self._propose(k)
+        drafted = self._clock()
+        logits = self._score(drafts)
+        scored = self._clock()
+        new, emitted = self._verify(logits, drafts, probs)
         take, finished = self._commit(new, emitted)
-        any_finished = self._synchronise(take, finished)
+        any_finished, accepted = self._synchronise(take, finished, emitted)
+        if self.policy is not None:
+            self.policy.record(k, accepted, scored - drafted, drafted - started)
         if self.run.on_tokens is not None:
             _stream(self.run.on_tokens, self.rows, take, new)
-        if self.run.drafter is not None:
+        if self.run.drafter is not None and k:
             self.run.drafter.update(emitted - 1, self.state)
+        elif self.run.drafter is not None:
+            self.run.drafter.skip(self.state)
         if any_finished:
             self._retire(finished, results)
         self.run.lm.maybe_compact(self.state.max_length)
 
-    def _propose(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _clock(self) -> float:
+        """Now, once the device is done (only when the policy times the steps)."""
+        device = self.state.tokens.device
+        if self.policy is not None and device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    def _propose(self, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``[batch, k]`` drafts and their ``[batch, k, vocab]`` distributions (or ``None``)."""
         drafter = self.run.drafter
-        if drafter is None:
+        if drafter is None or not k:
             device = self.state.tokens.device
             return torch.zeros(self.state.batch, 0, dtype=torch.int64, device=device), None
-        proposal = drafter.propose(self.state, self.run.k, self.sampling)
+        proposal = drafter.propose(self.state, k, self.sampling)
         return proposal.token_ids, proposal.probs
 
     def _score(self, drafts: torch.Tensor) -> torch.Tensor:
         """``[batch, k + 1, vocab]`` target logits of the last committed token and the drafts."""
         state = self.state
         inputs = torch.cat([state.last_tokens().unsqueeze(1), drafts], dim=1)
-        positions = (state.lengths - 1).unsqueeze(1) + self.cols
-        return self.run.lm.forward(inputs, positions, keep=self.run.k + 1)
+        cols = torch.arange(inputs.shape[1], device=inputs.device)
+        positions = (state.lengths - 1).unsqueeze(1) + cols
+        return self.run.lm.forward(inputs, positions, keep=inputs.shape[1])
 
     def _verify(
         self, logits: torch.Tensor, drafts: torch.Tensor, probs: torch.Tensor | None
@@ -195,7 +221,8 @@ class _Batch:
         self, new: torch.Tensor, emitted: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append the emitted tokens up to EOS and the budget: ``[batch]`` taken, finished."""
-        state, cols, eos = self.state, self.cols, self.run.eos
+        state, eos = self.state, self.run.eos
+        cols = torch.arange(new.shape[1], device=new.device)
         self.run.lm.set_tail_valid(cols < emitted.unsqueeze(1))
         state.tokens.scatter_(1, state.lengths.unsqueeze(1) + cols, new.clamp(min=0))
         allowed = self.budget - (state.lengths - self.prompt_lengths)
@@ -211,17 +238,25 @@ class _Batch:
         self.counts.scatter_add_(0, emitted - 1, torch.ones_like(emitted))
         return take, finished
 
-    def _synchronise(self, take: torch.Tensor, finished: torch.Tensor) -> bool:
-        """The step's one host transfer: update the counters; whether any sequence finished."""
-        any_finished, longest, step_tokens = torch.stack(
+    def _synchronise(
+        self, take: torch.Tensor, finished: torch.Tensor, emitted: torch.Tensor
+    ) -> tuple[bool, list[int]]:
+        """The step's one host transfer: update the counters; whether any sequence finished.
+
+        Also returns each sequence's accepted drafts when the policy needs them.
+        """
+        summary = torch.stack(
             [finished.any().to(torch.int64), self.state.lengths.max(), take.sum()]
-        ).tolist()
+        )
+        if self.policy is not None:
+            summary = torch.cat([summary, emitted - 1])
+        any_finished, longest, step_tokens, *accepted = summary.tolist()
         self.steps += 1
         self.forwards += len(self.rows)
         self.generated += step_tokens
         self.run.tokens += step_tokens
         self.state.max_length = longest
-        return bool(any_finished)
+        return bool(any_finished), accepted
 
     def _retire(self, finished: torch.Tensor, results: list[list[int]]) -> None:
         """Store the outputs of the finished sequences (``[batch]`` bool) and drop them."""
@@ -242,6 +277,8 @@ class _Batch:
         if self.run.drafter is not None:
             self.run.drafter.select(index)
         self.state.select(index)
+        if self.policy is not None:
+            self.policy.acceptance.keep(kept)
         self.sampling = self.sampling.rows(kept)
         self.prompt_lengths = self.prompt_lengths[index]
         self.budget = self.budget[index]

@@ -48,8 +48,10 @@ class Drafter(Protocol):
     """What the decoding loop needs from a drafter.
 
     The loop calls :meth:`start` once per batch, then every step :meth:`propose`, verifies,
-    appends the emitted tokens to the state and calls :meth:`update`; :meth:`select` drops
-    finished sequences. A drafter must not read the verifier's randomness.
+    appends the emitted tokens to the state and calls :meth:`update`; a step that drafts
+    nothing (the adaptive policy chose a plain step) calls :meth:`skip` instead.
+    :meth:`select` drops finished sequences. A drafter must not read the verifier's
+    randomness.
 
     Attributes
     ----------
@@ -72,6 +74,9 @@ class Drafter(Protocol):
 
     def update(self, num_accepted: torch.Tensor, state: DecodeState) -> None:
         """``num_accepted [batch]`` drafts were accepted; ``state`` already holds the new tokens."""
+
+    def skip(self, state: DecodeState) -> None:
+        """A step without drafts committed one token per sequence (``state`` holds it)."""
 
     def select(self, index: torch.Tensor) -> None:
         """Keep the sequences at ``index`` (``[kept]`` int64), in that order."""
@@ -124,6 +129,7 @@ class ModelDrafter:
         self.lm: CachedLM = CachedLM(model, role="draft")
         self.name = f"model ({self.lm.describe()})"
         self._k = 0
+        self._lag = 0
         self._pending = torch.zeros(0, dtype=torch.bool)
         self._pending_token = torch.zeros(0, dtype=torch.int64)
         self._drafts = torch.zeros(0, 0, dtype=torch.int64)
@@ -134,16 +140,24 @@ class ModelDrafter:
         device = state.tokens.device
         if prefill.input_ids.shape[1]:
             self.lm.forward(prefill.input_ids, prefill.position_ids, valid=prefill.attention_mask)
-        self._k = 0
+        self._k = self._lag = 0
         self._pending = torch.zeros(state.batch, dtype=torch.bool, device=device)
         self._pending_token = torch.zeros(state.batch, dtype=torch.int64, device=device)
 
     def _first_logits(self, state: DecodeState) -> torch.Tensor:
-        """``[batch, vocab]`` logits after the pending draft (masked if none) and last token."""
-        position = state.lengths - 1
-        ids = torch.stack([self._pending_token, state.last_tokens()], dim=1)
-        positions = torch.stack([(position - 1).clamp_(min=0), position], dim=1)
-        valid = torch.stack([self._pending, torch.ones_like(self._pending)], dim=1)
+        """``[batch, vocab]`` logits after the tokens the cache has not seen yet.
+
+        Those are the pending draft (masked if none), the tokens committed by the plain
+        steps since the last proposal (``lag``, one per sequence and step), and the last
+        committed token.
+        """
+        offsets = torch.arange(-1 - self._lag, 1, device=state.lengths.device)
+        positions = ((state.lengths - 1).unsqueeze(1) + offsets).clamp_(min=0)
+        ids = state.tokens.gather(1, positions)
+        ids[:, 0] = self._pending_token
+        valid = torch.ones_like(ids, dtype=torch.bool)
+        valid[:, 0] = self._pending
+        self._lag = 0
         return self.lm.forward(ids, positions, valid=valid)[:, -1]
 
     def propose(self, state: DecodeState, k: int, sampling: SamplingState) -> Proposal:
@@ -183,6 +197,10 @@ class ModelDrafter:
         self._pending = num_accepted == k
         self._pending_token = self._drafts[:, -1]
         self.lm.maybe_compact(state.max_length)
+
+    def skip(self, state: DecodeState) -> None:
+        """A plain step: the committed token is fed with the next proposal."""
+        self._lag += 1
 
     def select(self, index: torch.Tensor) -> None:
         """Keep the sequences at ``index`` in the cache and the pending state."""

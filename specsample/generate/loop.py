@@ -79,6 +79,7 @@ def _generate(
     max_batch_size: int | None,
     on_tokens: TokenCallback | None,
     on_progress: ProgressCallback | None,
+    adaptive: bool = False,
 ) -> GenerationOutput:
     """Validate the call, then decode the prompts ``max_batch_size`` at a time."""
     lm = _target_lm(target)
@@ -91,7 +92,8 @@ def _generate(
     state = SamplingState.build(
         count, lm.device, seeds=inputs.seed_list(seeds, count), generator=generator, **sampling
     )
-    run = Run(lm, drafter, k, method, state, inputs.eos_ids(eos_token_id), on_tokens, on_progress)
+    eos = inputs.eos_ids(eos_token_id)
+    run = Run(lm, drafter, k, method, state, eos, on_tokens, on_progress, adaptive)
     results: list[list[int]] = [[] for _ in prompt_ids]
     parts = []
     with torch.inference_mode():
@@ -103,6 +105,12 @@ def _generate(
     for part in parts[1:]:
         stats = stats.merge(part)
     return GenerationOutput(results, stats)
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
 
 
 def _target_lm(target: Any) -> CachedLM:
@@ -164,6 +172,7 @@ def speculative_generate(
     max_batch_size: int | None = None,
     on_tokens: TokenCallback | None = None,
     on_progress: ProgressCallback | None = None,
+    adaptive: bool = False,
 ) -> GenerationOutput:
     """Generate from ``target`` with speculative decoding, a batch of prompts at a time.
 
@@ -183,8 +192,8 @@ def speculative_generate(
         the target's tokenizer (wrapped in a :class:`~specsample.generate.drafters.ModelDrafter`).
         A draft model's vocabulary (``config.vocab_size``) must be at least the target's.
     k : int
-        Drafts per step, in ``[1, MAX_K]`` (64) and below the target's context
-        (``max_position_embeddings``).
+        Drafts per step (the most, with ``adaptive``), in ``[1, MAX_K]`` (64) and below the
+        target's context (``max_position_embeddings``).
     method : str
         One of :func:`specsample.methods.chain_methods` ``(lossy=True)``: ``"chain"`` (token
         by token) or ``"block"`` (block verification; needs a drafter that samples, such as
@@ -214,6 +223,13 @@ def speculative_generate(
         host transfer per step).
     on_progress : callable, optional
         ``on_progress(finished_sequences, total_sequences, tokens_generated)`` every step.
+    adaptive : bool
+        Choose each step's draft length in ``0..k`` to maximise tokens per second, from the
+        acceptance seen so far and the measured step times (:mod:`specsample.generate.policy`;
+        0 is a plain decoding step). The choice reads nothing of the step's own randomness,
+        so the output law is unchanged. Off by default (always ``k`` drafts): so far it pays
+        off with prompt-lookup drafts, which often have nothing to propose, but not yet with
+        a draft model.
 
     Returns
     -------
@@ -255,6 +271,7 @@ def speculative_generate(
         max_batch_size=max_batch_size,
         on_tokens=on_tokens,
         on_progress=on_progress,
+        adaptive=_flag("adaptive", adaptive),
     )
 
 

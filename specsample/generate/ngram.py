@@ -91,5 +91,8 @@ class NGramDrafter:
     def update(self, num_accepted: torch.Tensor, state: DecodeState) -> None:
         """Nothing to update: the drafter reads the committed tokens."""
 
+    def skip(self, state: DecodeState) -> None:
+        """Nothing to update: the drafter reads the committed tokens."""
+
     def select(self, index: torch.Tensor) -> None:
         """Nothing to select."""

@@ -143,14 +143,16 @@ class DraftLengthPolicy:
         The largest draft length.
     batch : int
         Sequences at the start.
+    cost : CostModel, optional
+        Timings to start from (shared by the batches of one run, whose sizes match).
     """
 
-    def __init__(self, k_max: int, batch: int) -> None:
+    def __init__(self, k_max: int, batch: int, cost: CostModel | None = None) -> None:
         if k_max < 0:
             raise ValueError(f"k_max must be >= 0, got {k_max}")
         self.k_max = k_max
         self.acceptance = AcceptanceTracker(batch, k_max)
-        self.cost = CostModel()
+        self.cost = CostModel() if cost is None else cost
 
     def choose(self) -> int:
         """The draft length of the next step.

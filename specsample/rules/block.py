@@ -103,7 +103,7 @@ def block_length(
     last = position == num_drafts.unsqueeze(-1)
     h = torch.where(last, w, torch.where(position < num_drafts.unsqueeze(-1), h, 0.0))
     h = torch.where(w > 0, h, 0.0)
-    passed = position * (eta < h)
+    passed = position * ((h > 0) & (eta < h))
     return passed.amax(dim=1) if k else torch.zeros_like(num_drafts)
 
 
