@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from specsample.bench import CpuShare
-from specsample.generate import hf, speculative_generate, target_generate
+from specsample.generate import NGramDrafter, hf, speculative_generate, target_generate
 
 PROMPTS = (
     "def parse(text):",
@@ -53,6 +53,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         help="rules for sampled runs (greedy runs use chain)",
     )
     parser.add_argument("-k", type=int, default=4, help="drafts per step (default 4)")
+    parser.add_argument(
+        "--adaptive", action="store_true", help="choose each step's draft length in 0..k"
+    )
+    parser.add_argument(
+        "--ngram", action="store_true", help="draft by prompt lookup instead of the draft model"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each mode (median)")
     parser.add_argument(
@@ -67,7 +73,10 @@ def _run(
     """One generation run of ``mode``; its ``GenerationOutput``."""
     if mode == "target-only":
         return target_generate(target, prompts, **common)
-    return speculative_generate(target, prompts, draft, k=args.k, **common)
+    drafter = NGramDrafter() if args.ngram else draft
+    return speculative_generate(
+        target, prompts, drafter, k=args.k, adaptive=args.adaptive, **common
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     draft = hf.load_model(pair[1], role="draft")
     prompts = [tokenizer.encode(p) for p in PROMPTS]
     print(
-        f"{len(prompts)} prompts x {args.max_new_tokens} new tokens, k={args.k}, "
+        f"{len(prompts)} prompts x {args.max_new_tokens} new tokens, k={args.k}"
+        f"{' (adaptive)' if args.adaptive else ''}, {'n-gram' if args.ngram else 'model'} drafts, "
         f"{torch.get_num_threads()} torch threads, median of {args.repeats} runs per mode"
     )
     print(
@@ -105,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                     "max_batch_size": batch,
                 }
                 warm = {**common, "max_new_tokens": 4}
-                speculative_generate(target, prompts[:batch], draft, k=args.k, **warm)
+                _run(target, draft, prompts[:batch], "speculative", args, warm)
                 target_generate(target, prompts[:batch], **warm)
                 rates: dict[str, list[float]] = {"target-only": [], "speculative": []}
                 per_forward = []
