@@ -16,7 +16,7 @@ import torch
 from specsample.api import verify
 from specsample.generate.drafters import Drafter
 from specsample.generate.hf import CachedLM
-from specsample.generate.policy import CostModel, DraftLengthPolicy
+from specsample.generate.policy import DraftLengthPolicy
 from specsample.generate.state import DecodeState, Prefill, SamplingState
 from specsample.generate.stats import GenerationStats
 from specsample.rules.typical import typical_acceptance
@@ -65,7 +65,7 @@ class Run:
     ) -> None:
         self.lm = lm
         self.adaptive = adaptive and drafter is not None and k > 0
-        self.costs: dict[int, CostModel] = {}
+        self.policies: dict[int, DraftLengthPolicy] = {}
         self.drafter = drafter
         self.k = k
         self.method = method
@@ -133,8 +133,10 @@ class _Batch:
         self.size = len(prompts)
         self.policy = None
         if run.adaptive:
-            cost = run.costs.setdefault(len(prompts), CostModel())
-            self.policy = DraftLengthPolicy(run.k, len(prompts), cost)
+            self.policy = run.policies.get(len(prompts))
+            if self.policy is None:
+                self.policy = run.policies[len(prompts)] = DraftLengthPolicy(run.k, len(prompts))
+            self.policy.acceptance.restart(len(prompts))
         self.counts = torch.zeros(run.k + 1, dtype=torch.int64, device=device)
         self.method = run.method if run.k else "chain"
         self.steps = self.forwards = self.generated = 0

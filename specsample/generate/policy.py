@@ -36,6 +36,9 @@ PRIOR_ACCEPTANCE = 0.7
 DECAY = 0.8
 """Weight of the past in the acceptance averages (per observation)."""
 
+HISTORY_DECAY = 0.95
+"""Weight of the past in the run-wide averages new sequences start from."""
+
 TIME_DECAY = 0.7
 """Weight of the past in the timing averages (per observation)."""
 
@@ -56,11 +59,14 @@ class AcceptanceTracker:
     >>> t.update([2], [0])  # offered 2, the first was rejected
     >>> [round(a, 3) for a in t.rates[0]]
     [0.56, 0.7]
+    >>> t.add(1); [round(a, 3) for a in t.rates[1]]
+    [0.665, 0.7]
     """
 
     def __init__(self, batch: int, k_max: int) -> None:
         self.k_max = k_max
-        self.rates = [[PRIOR_ACCEPTANCE] * k_max for _ in range(batch)]
+        self.history = [PRIOR_ACCEPTANCE] * k_max
+        self.rates = [list(self.history) for _ in range(batch)]
 
     def update(self, offered: Sequence[int], accepted: Sequence[int]) -> None:
         """Record a step: sequence ``b`` was offered ``offered[b]`` drafts, kept ``accepted[b]``.
@@ -69,7 +75,9 @@ class AcceptanceTracker:
         """
         for rates, n, kept in zip(self.rates, offered, accepted, strict=True):
             for j in range(min(n, kept + 1)):
-                rates[j] = DECAY * rates[j] + (1.0 - DECAY) * (1.0 if j < kept else 0.0)
+                seen = 1.0 if j < kept else 0.0
+                rates[j] = DECAY * rates[j] + (1.0 - DECAY) * seen
+                self.history[j] = HISTORY_DECAY * self.history[j] + (1.0 - HISTORY_DECAY) * seen
 
     def expected_tokens(self, m: int) -> float:
         """Tokens the batch emits in expectation when every sequence drafts ``m``."""
@@ -87,8 +95,13 @@ class AcceptanceTracker:
         self.rates = [self.rates[r] for r in rows]
 
     def add(self, count: int) -> None:
-        """Track ``count`` new sequences (at the prior)."""
-        self.rates.extend([PRIOR_ACCEPTANCE] * self.k_max for _ in range(count))
+        """Track ``count`` new sequences, starting from what every sequence showed so far."""
+        self.rates.extend(list(self.history) for _ in range(count))
+
+    def restart(self, count: int) -> None:
+        """Track ``count`` new sequences only (a new batch of the same run)."""
+        self.rates = []
+        self.add(count)
 
 
 class CostModel:
@@ -144,7 +157,7 @@ class DraftLengthPolicy:
     batch : int
         Sequences at the start.
     cost : CostModel, optional
-        Timings to start from (shared by the batches of one run, whose sizes match).
+        Timings to start from.
     """
 
     def __init__(self, k_max: int, batch: int, cost: CostModel | None = None) -> None:
