@@ -138,6 +138,7 @@ class _Batch:
                 self.policy = run.policies[len(prompts)] = DraftLengthPolicy(run.k, len(prompts))
             self.policy.acceptance.restart(len(prompts))
         self.counts = torch.zeros(run.k + 1, dtype=torch.int64, device=device)
+        self.offered = [0] * run.k
         self.method = run.method if run.k else "chain"
         self.steps = self.forwards = self.generated = 0
 
@@ -162,6 +163,8 @@ class _Batch:
         new, emitted = self._verify(logits, drafts, probs)
         take, finished = self._commit(new, emitted)
         any_finished, accepted = self._synchronise(take, finished, emitted)
+        for j in range(k):
+            self.offered[j] += self.state.batch
         if self.policy is not None:
             self.policy.record(k, accepted, scored - drafted, drafted - started)
         if self.run.on_tokens is not None:
@@ -300,6 +303,7 @@ class _Batch:
             steps=self.steps,
             sequence_forwards=self.forwards,
             accepted_counts=tuple(self.counts.tolist()) if speculative else (),
+            offered_by_position=tuple(self.offered) if speculative else (),
         )
 
 

@@ -82,6 +82,12 @@ def _add_drafting_arguments(generate: argparse.ArgumentParser) -> None:
         default=4,
         help=f"drafts per step (default 4, at most {MAX_K} and below the target's context)",
     )
+    generate.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="choose each step's draft length in 0..k from the acceptance and step times seen "
+        "so far (exact either way; off by default)",
+    )
     exact = chain_methods()
     lossy = [name for name in chain_methods(lossy=True) if name not in exact]
     generate.add_argument(
@@ -340,6 +346,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         drafter,
         k=args.k,
         method=args.method,
+        adaptive=args.adaptive,
         on_tokens=stream,
         on_progress=None if stream is not None else _Progress("speculative"),
         **common,

@@ -38,6 +38,9 @@ class GenerationStats:
         Sum over steps of the sequences in the batch.
     accepted_counts : tuple[int, ...]
         ``[k + 1]``: number of sequence forwards that accepted exactly ``j`` drafts.
+    offered_by_position : tuple[int, ...]
+        ``[k]``: number of sequence forwards that were offered draft ``j + 1`` (fewer than
+        ``sequence_forwards`` when the draft length is adaptive); empty means every one.
 
     Examples
     --------
@@ -56,6 +59,7 @@ class GenerationStats:
     steps: int
     sequence_forwards: int
     accepted_counts: tuple[int, ...] = field(default=())
+    offered_by_position: tuple[int, ...] = field(default=())
 
     @property
     def tokens_per_s(self) -> float:
@@ -70,6 +74,8 @@ class GenerationStats:
     @property
     def proposed(self) -> int:
         """Draft tokens proposed."""
+        if self.offered_by_position:
+            return sum(self.offered_by_position)
         return self.k * self.sequence_forwards
 
     @property
@@ -84,11 +90,13 @@ class GenerationStats:
 
     @property
     def acceptance_by_position(self) -> list[float]:
-        """``[k]``: fraction of sequence forwards whose draft ``j + 1`` was accepted."""
+        """``[k]``: fraction of the sequence forwards offered draft ``j + 1`` that accepted it."""
         total = sum(self.accepted_counts)
-        if not total:
-            return [float("nan")] * self.k
-        return [sum(self.accepted_counts[j:]) / total for j in range(1, self.k + 1)]
+        offered = self.offered_by_position or (total,) * self.k
+        return [
+            sum(self.accepted_counts[j:]) / offered[j - 1] if offered[j - 1] else float("nan")
+            for j in range(1, self.k + 1)
+        ]
 
     @property
     def tokens_per_forward(self) -> float:
@@ -102,10 +110,8 @@ class GenerationStats:
 
     def merge(self, other: GenerationStats) -> GenerationStats:
         """Add the counters of another run of the same configuration (batches of one call)."""
-        counts = [0] * max(len(self.accepted_counts), len(other.accepted_counts))
-        for source in (self.accepted_counts, other.accepted_counts):
-            for j, c in enumerate(source):
-                counts[j] += c
+        counts = _add(self.accepted_counts, other.accepted_counts)
+        offered = _add(self.offered_by_position, other.offered_by_position)
         return replace(
             self,
             sequences=self.sequences + other.sequences,
@@ -113,7 +119,8 @@ class GenerationStats:
             wall_time_s=self.wall_time_s + other.wall_time_s,
             steps=self.steps + other.steps,
             sequence_forwards=self.sequence_forwards + other.sequence_forwards,
-            accepted_counts=tuple(counts),
+            accepted_counts=counts,
+            offered_by_position=offered,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -137,6 +144,7 @@ class GenerationStats:
             "acceptance_rate": self.acceptance_rate,
             "acceptance_by_position": self.acceptance_by_position,
             "accepted_counts": list(self.accepted_counts),
+            "offered_by_position": list(self.offered_by_position),
         }
 
     def format_table(self) -> str:
@@ -170,3 +178,12 @@ class GenerationStats:
             ]
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def _add(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """Elementwise sum of two count tuples (the shorter padded with zeros)."""
+    out = [0] * max(len(a), len(b))
+    for source in (a, b):
+        for j, c in enumerate(source):
+            out[j] += c
+    return tuple(out)
