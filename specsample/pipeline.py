@@ -8,8 +8,6 @@ Every entry point (:class:`specsample.RejectionSampler`, :func:`specsample.verif
    of the step (:mod:`specsample.random`), or those the caller gives;
 2. **execute** (:func:`run_logits`, :func:`run_probs`): a backend
    (:mod:`specsample.backends`) accepts a prefix of the drafts and draws one more token;
-3. **finish**: where the caller gave the bonus tokens instead of bonus rows, a request whose
-   drafts were all accepted emits its given bonus token.
 
 Nothing here synchronises with the device.
 """
@@ -90,27 +88,6 @@ def plan_logits(
     return Plan(layout, stats, sampling.greedy, uniforms)
 
 
-def emit_bonus(
-    token_ids: torch.Tensor,
-    num_accepted: torch.Tensor,
-    num_drafts: torch.Tensor,
-    bonus_token_ids: torch.Tensor,
-) -> torch.Tensor:
-    """Write each request's given bonus token where all its drafts were accepted.
-
-    Examples
-    --------
-    >>> out = emit_bonus(torch.tensor([[5, 0], [1, -1]]), torch.tensor([1, 0]),
-    ...                  torch.tensor([1, 1]), torch.tensor([7, 8]))
-    >>> out.tolist()
-    [[5, 7], [1, -1]]
-    """
-    at = num_accepted.unsqueeze(-1)
-    done = (num_accepted == num_drafts).unsqueeze(-1)
-    current = token_ids.gather(1, at)
-    return token_ids.scatter(1, at, torch.where(done, bonus_token_ids.view(-1, 1), current))
-
-
 def run_logits(
     target_logits: torch.Tensor,
     draft_token_ids: torch.Tensor,
@@ -148,9 +125,8 @@ def run_logits(
         draft_probs=draft_probs,
         draft_logits=draft_logits,
         method=method,
+        bonus_token_ids=bonus_token_ids,
     )
-    if bonus_token_ids is not None:
-        token_ids = emit_bonus(token_ids, num_accepted, layout.num_drafts, bonus_token_ids)
     return token_ids, num_accepted
 
 

@@ -228,3 +228,39 @@ def test_empty_batch_still_validates_scalar_parameters() -> None:
     """Found by fuzzing: a scalar parameter was checked only once expanded to the batch."""
     with pytest.raises(ValueError, match="temperature"):
         verify(torch.zeros(0, 5), torch.zeros(0, dtype=torch.int64), [], temperature=-1.0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("method", ["chain", "block"])
+def test_given_bonus_ids_on_every_backend(method: str, backend: str) -> None:
+    """vLLM v1's convention (draft rows only, bonus ids given): every backend gives the
+    reference tokens, and a request whose drafts all pass emits its bonus id."""
+    case = _flat_case(5)
+    counts = [3, 1, 2, 0]
+    starts = torch.tensor([0, 4, 6, 9])
+    keep = torch.ones(case["target_logits"].shape[0], dtype=torch.bool)
+    keep[starts + torch.tensor(counts)] = False
+    rows = case["target_logits"][keep]
+    bonus = torch.tensor([11, 12, 13, 14])
+    common: dict[str, Any] = {
+        "uniforms": case["uniforms"],
+        "method": method,
+        "draft_probs": case["draft_probs"],
+        "temperature": [1.0, 0.0, 0.8, 0.0],
+        "bonus_token_ids": bonus,
+    }
+    expected = verify(rows, case["draft_token_ids"], counts, backend="torch", **common)
+    got = verify(rows, case["draft_token_ids"], counts, backend=backend, **common)
+    assert torch.equal(got.token_ids, expected.token_ids)
+    done = expected.num_accepted == torch.tensor(counts)
+    emitted = expected.token_ids.gather(1, expected.num_accepted.view(-1, 1)).view(-1)
+    assert bool(done.any()) and torch.equal(emitted[done], bonus[done])
+    greedy = verify(
+        rows, rows.argmax(-1), counts, temperature=0.0, backend=backend, bonus_token_ids=bonus
+    )
+    assert greedy.token_ids.gather(1, torch.tensor(counts).view(-1, 1)).view(-1).tolist() == [
+        11,
+        12,
+        13,
+        14,
+    ]

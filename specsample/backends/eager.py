@@ -153,6 +153,7 @@ def verify_logits(
     draft_probs: torch.Tensor | None = None,
     draft_logits: torch.Tensor | None = None,
     method: str = "chain",
+    bonus_token_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The step after the plan, in PyTorch: ``(token_ids, num_accepted)``.
 
@@ -174,6 +175,9 @@ def verify_logits(
         ``[total_drafts, vocab]``; neither: one-hot drafts.
     method : str
         ``"chain"`` or ``"block"``.
+    bonus_token_ids : torch.Tensor, optional
+        ``[batch]`` int64 tokens a request emits when all its drafts are accepted (the target
+        rows then hold the draft positions only).
 
     Returns
     -------
@@ -194,6 +198,8 @@ def verify_logits(
         sampled, drawn = rule(Step(target, source, q_at, p_at, uniforms, layout, drafts))
         num_accepted = torch.where(greedy, num_accepted, sampled)
         final = torch.where(greedy, final, drawn)
+    if bonus_token_ids is not None:
+        final = torch.where(num_accepted == layout.num_drafts, bonus_token_ids, final)
     return emit(drafts.ids, num_accepted, final), num_accepted
 
 

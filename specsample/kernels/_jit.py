@@ -57,8 +57,15 @@ if triton is not None:
         return tl.max(tl.where(eta < h, j[None, :], 0), axis=1)
 
     @triton.jit
-    def _greedy(argmax, cutoff, greedy, req, live, t_first, j, tok, valid, n, K1: tl.constexpr):
-        """Greedy requests, their drafts matched in order and their final token, each ``[R]``."""
+    def _greedy(
+        argmax, cutoff, greedy, bonus, req, live, t_first, j, tok, valid, n,
+        K1: tl.constexpr, BONUS_IDS: tl.constexpr,
+    ):  # fmt: skip
+        """Greedy requests, their drafts matched in order and their final token, each ``[R]``.
+
+        With given bonus ids (``BONUS_IDS``, no bonus rows) a request whose drafts all match
+        emits its bonus id, and no row past its drafts is read.
+        """
         g = tl.load(greedy + req, mask=live, other=0) != 0
         t_row = t_first[:, None] + j[None, :]
         in_request = live[:, None] & (j[None, :] < n[:, None])
@@ -66,7 +73,13 @@ if triton is not None:
         cut = tl.load(cutoff + t_row, mask=in_request, other=0.0)
         matched = (tok == best) & (cut == cut) & valid
         count = tl.minimum(tl.min(tl.where(matched, K1, j[None, :]), axis=1), n)
-        final = tl.load(argmax + t_first + count, mask=live & g, other=0).to(tl.int64)
+        read = live & g
+        if BONUS_IDS:
+            read = read & (count < n)
+        final = tl.load(argmax + t_first + count, mask=read, other=0).to(tl.int64)
+        if BONUS_IDS:
+            given = tl.load(bonus + req, mask=live, other=0).to(tl.int64)
+            final = tl.where(count == n, given, final)
         return g, count, final
 
     @triton.jit
@@ -223,8 +236,9 @@ if triton is not None:
         final = tl.zeros([R], tl.int64)
         if HAS_GREEDY:
             g, count, final = _greedy(
-                t_argmax, t_cut, greedy, req, live, t_first, j, tok, valid, n, K1
-            )
+                t_argmax, t_cut, greedy, bonus, req, live, t_first, j, tok, valid, n, K1,
+                BONUS_IDS,
+            )  # fmt: skip
         if SAMPLED:
             sampled = live & (g == 0)
             if RULE == 0:

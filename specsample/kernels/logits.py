@@ -24,6 +24,7 @@ def _logits_step(
     draft: torch.Tensor | None,
     draft_is_logits: bool,
     method: str,
+    bonus_token_ids: torch.Tensor | None,
 ) -> _Step:
     """Check the arguments of :func:`verify_logits` and lay them out as a step."""
     k = layout.max_drafts
@@ -49,7 +50,7 @@ def _logits_step(
         uniforms=uniforms.contiguous() if uniforms is not None else None,
         layout=layout,
         greedy=greedy,
-        bonus=None,
+        bonus=bonus_token_ids,
         batch=layout.batch,
         vocab=target_logits.shape[-1],
         k=k,
@@ -69,6 +70,7 @@ def verify_logits(
     draft_probs: torch.Tensor | None = None,
     draft_logits: torch.Tensor | None = None,
     method: str = "chain",
+    bonus_token_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The verification step of :func:`specsample.verify` after the row statistics.
 
@@ -98,6 +100,10 @@ def verify_logits(
         ``[total_drafts, vocab]``; neither means one-hot drafts.
     method : str
         ``"chain"`` or ``"block"`` (which needs draft rows when a request samples).
+    bonus_token_ids : torch.Tensor, optional
+        ``[batch]`` int64 tokens a request emits when all its drafts are accepted; then
+        ``target_logits`` holds the draft rows only (``layout.bonus_rows`` is false) and no
+        row past a request's drafts is read.
 
     Returns
     -------
@@ -141,5 +147,6 @@ def verify_logits(
         draft,
         draft_logits is not None,
         method,
+        bonus_token_ids,
     )
     return _launch(step)
