@@ -201,8 +201,8 @@ def scaled_logits(
     >>> scaled_logits(torch.tensor([3e38, 1.0, math.inf]), torch.tensor(math.inf), 2.0)
     tensor([-inf, -inf, 0.])
     """
-    x = logits.to(torch.float32)
-    return torch.where(x == shift, 0.0, (x - shift) * inv_temperature)
+    z = torch.sub(logits.to(torch.float32), shift).mul_(inv_temperature)
+    return z.nan_to_num_(nan=0.0, posinf=0.0, neginf=-math.inf)
 
 
 def sampling_stats(
