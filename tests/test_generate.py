@@ -138,7 +138,9 @@ def test_target_only_greedy_matches_transformers(pair, greedy_reference) -> None
 def test_speculative_greedy_matches_target_greedy(pair, greedy_reference, k, drafter) -> None:
     target, draft = pair
     source = ModelDrafter(draft) if drafter == "model" else NGramDrafter()
-    out = speculative_generate(target, PROMPTS, source, k=k, max_new_tokens=24, max_batch_size=4)
+    out = speculative_generate(
+        target, PROMPTS, source, k=k, max_new_tokens=24, max_batch_size=4, adaptive=False
+    )
     assert out.sequences == greedy_reference
     stats = out.stats
     assert 0.0 < stats.acceptance_rate < 1.0
@@ -176,6 +178,7 @@ def test_typical_acceptance_in_the_loop(pair, greedy_reference) -> None:
             temperature=1.0,
             max_new_tokens=24,
             seeds=5,
+            adaptive=False,
         )
         for _ in range(2)
     ]
@@ -226,7 +229,9 @@ def test_streaming_and_seeds(pair) -> None:
         streamed[index].extend(ids)
 
     prompts = [[1, 2, 3, 4, 5], [7, 8, 9, 10, 11], [1, 2, 3, 4, 5]]
-    kwargs: dict[str, Any] = {"k": 3, "temperature": 1.0, "max_new_tokens": 20}
+    # Fixed draft lengths: with adaptive ones the law is the same, but which numbers a
+    # sequence reads depends on the lengths chosen, hence on its neighbours and timings.
+    kwargs: dict[str, Any] = {"k": 3, "temperature": 1.0, "max_new_tokens": 20, "adaptive": False}
     out = speculative_generate(
         target, prompts, draft, seeds=[11, 12, 11], on_tokens=on_tokens, **kwargs
     )
@@ -238,6 +243,53 @@ def test_streaming_and_seeds(pair) -> None:
     assert again.sequences == out.sequences
     other = speculative_generate(target, prompts, draft, seeds=[13, 14, 15], **kwargs)
     assert other.sequences != out.sequences
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram", None])
+def test_continuous_batching_refills_places_without_changing_outputs(pair, drafter) -> None:
+    """Two places, six prompts of different lengths and budgets: each finished sequence is
+    replaced at once, and every output equals that prompt decoded alone (greedy and seeded)."""
+    target, draft = pair
+    prompts = [[1, 2, 3], [7, 8, 9, 10, 11, 12, 13], [5], [4, 9, 1, 2], [3, 3], [8, 1, 6, 2, 7]]
+    budgets = [9, 3, 14, 1, 6, 11]
+    temps = [0.0, 1.0, 0.0, 1.0, 1.0, 0.0]
+    finished: list[int] = []
+
+    def run(rows: list[int], **extra: Any) -> Any:
+        common: dict[str, Any] = {
+            "max_new_tokens": [budgets[i] for i in rows],
+            "temperature": [temps[i] for i in rows],
+            "seeds": [40 + i for i in rows],
+            **extra,
+        }
+        chosen = [prompts[i] for i in rows]
+        if drafter is None:
+            return target_generate(target, chosen, **common)
+        source = ModelDrafter(draft) if drafter == "model" else NGramDrafter()
+        return speculative_generate(target, chosen, source, k=3, adaptive=False, **common)
+
+    def on_finish(index: int, ids: list[int]) -> None:
+        finished.append(index)
+        assert len(ids) == budgets[index]
+
+    out = run(list(range(6)), max_batch_size=2, on_finish=on_finish)
+    assert sorted(finished) == list(range(6)) and finished != list(range(6))
+    assert [len(s) for s in out.sequences] == budgets
+    assert out.stats.sequences == 6 and out.stats.tokens == sum(budgets)
+    for i in range(6):
+        assert run([i]).sequences[0] == out.sequences[i]
+
+
+def test_adaptive_draft_lengths_keep_greedy_outputs_under_continuous_batching(
+    pair, greedy_reference
+) -> None:
+    target, draft = pair
+    for source in (ModelDrafter(draft), NGramDrafter()):
+        out = speculative_generate(
+            target, PROMPTS, source, k=5, max_new_tokens=24, max_batch_size=2, adaptive=True
+        )
+        assert out.sequences == greedy_reference
+        assert out.stats.tokens == sum(len(s) for s in out.sequences)
 
 
 # --------------------------------------------------------------------------- exactness

@@ -23,8 +23,6 @@ def test_tracker_observes_positions_up_to_the_first_rejection() -> None:
     tracker.add(1)
     assert len(tracker.rates) == 2 and tracker.rates[1] == tracker.history
     assert tracker.history[0] > PRIOR_ACCEPTANCE > tracker.history[1]
-    tracker.restart(3)
-    assert tracker.rates == [tracker.history] * 3
 
 
 def test_expected_tokens_is_one_plus_the_products() -> None:

@@ -1,9 +1,12 @@
-"""One batch of prompts decoded to the end: the steps of the loop (see :mod:`.loop`).
+"""The prompts of a call decoded with continuous batching: the steps of the loop (see :mod:`.loop`).
 
-A step drafts ``k`` tokens per active sequence, scores them with one target forward over
-``k + 1`` slots, verifies them, appends the emitted tokens (masking the slots of rejected
-drafts), and retires the sequences that finished. Its only host synchronisation is one small
-transfer deciding termination (plus the new tokens when ``on_tokens`` streams them).
+At most ``max_batch_size`` sequences are active. A step drafts ``m <= k`` tokens per active
+sequence, scores them with one target forward over ``m + 1`` slots, verifies them, appends
+the emitted tokens (masking the slots of rejected drafts), and retires the sequences that
+finished; the next prompts of the queue then take their places at once (their prompts run
+through the models and join the caches), so the batch stays full until the queue is empty.
+A step's only host synchronisation is one small transfer deciding termination (plus the new
+tokens when ``on_tokens`` streams them).
 """
 
 from __future__ import annotations
@@ -27,9 +30,12 @@ TokenCallback = Callable[[int, list[int]], None]
 ProgressCallback = Callable[[int, int, int], None]
 """``on_progress(finished_sequences, total_sequences, tokens_generated)``, every step."""
 
+FinishCallback = Callable[[int, list[int]], None]
+"""``on_finish(sequence_index, generated_token_ids)``, once per sequence, as it finishes."""
+
 
 class Run:
-    """One call's fixed configuration, and its progress over the batches.
+    """One call's fixed configuration: models, rule, prompts, limits and callbacks.
 
     Parameters
     ----------
@@ -38,14 +44,14 @@ class Run:
     drafter : Drafter or None
         ``None``: target-only decoding (``k`` is then 0).
     k : int
-        Drafts per step.
+        Drafts per step (the most, with ``adaptive``).
     method : str
         Verification rule (a name of :func:`specsample.methods.chain_methods`).
     sampling : SamplingState
         The parameters of every prompt of the call.
     eos : list of int
         End-of-sequence ids.
-    on_tokens, on_progress : callable or None
+    on_tokens, on_progress, on_finish : callable or None
         The callbacks.
     adaptive : bool
         Choose each step's draft length in ``0..k`` (:mod:`.policy`); otherwise always ``k``.
@@ -62,10 +68,10 @@ class Run:
         on_tokens: TokenCallback | None,
         on_progress: ProgressCallback | None,
         adaptive: bool = False,
+        on_finish: FinishCallback | None = None,
     ) -> None:
         self.lm = lm
         self.adaptive = adaptive and drafter is not None and k > 0
-        self.policies: dict[int, DraftLengthPolicy] = {}
         self.drafter = drafter
         self.k = k
         self.method = method
@@ -73,8 +79,7 @@ class Run:
         self.eos = torch.tensor(eos, dtype=torch.int64, device=lm.device) if eos else None
         self.on_tokens = on_tokens
         self.on_progress = on_progress
-        self.finished = 0
-        self.tokens = 0
+        self.on_finish = on_finish
 
 
 def _prefill(state: DecodeState) -> Prefill:
@@ -111,46 +116,73 @@ def _stream(
 
 
 class _Batch:
-    """One batch of prompts being decoded: its tokens, sampling, limits and counters."""
+    """The active sequences, the queue of prompts waiting for a place, and the counters."""
 
-    def __init__(
-        self, run: Run, prompts: list[list[int]], indices: range, budgets: list[int]
-    ) -> None:
+    def __init__(self, run: Run, prompts: list[list[int]], budgets: list[int], size: int) -> None:
         device = run.lm.device
-        lengths = [len(p) for p in prompts]
-        capacity = max(lengths) + max(budgets) + run.k + 2
-        tokens = torch.zeros(len(prompts), capacity, dtype=torch.int64)
-        for row, prompt in enumerate(prompts):
-            tokens[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.int64)
         self.run = run
+        self.prompts = prompts
+        self.budgets = budgets
+        self.size = size
+        self.queue = 0
+        self.capacity = max(len(p) + b for p, b in zip(prompts, budgets, strict=True)) + run.k + 2
         self.state = DecodeState(
-            tokens.to(device), torch.tensor(lengths, device=device), max(lengths), run.lm.vocab_size
+            torch.zeros(0, self.capacity, dtype=torch.int64, device=device),
+            torch.zeros(0, dtype=torch.int64, device=device),
+            0,
+            run.lm.vocab_size,
         )
-        self.prompt_lengths = self.state.lengths.clone()
-        self.budget = torch.tensor(budgets, dtype=torch.int64, device=device)
-        self.sampling = run.sampling.rows(indices)
-        self.rows = list(indices)
-        self.size = len(prompts)
-        self.policy = None
-        if run.adaptive:
-            self.policy = run.policies.get(len(prompts))
-            if self.policy is None:
-                self.policy = run.policies[len(prompts)] = DraftLengthPolicy(run.k, len(prompts))
-            self.policy.acceptance.restart(len(prompts))
+        self.prompt_lengths = torch.zeros(0, dtype=torch.int64, device=device)
+        self.budget = torch.zeros(0, dtype=torch.int64, device=device)
+        self.rows: list[int] = []
+        self.sampling = run.sampling.rows([])
+        self.policy = DraftLengthPolicy(run.k, 0) if run.adaptive else None
         self.counts = torch.zeros(run.k + 1, dtype=torch.int64, device=device)
         self.offered = [0] * run.k
         self.method = run.method if run.k else "chain"
-        self.steps = self.forwards = self.generated = 0
+        self.steps = self.forwards = self.generated = self.finished = 0
 
-    def prefill(self) -> None:
-        """Feed every prompt but its last token to the target and to the drafter."""
-        prefill = _prefill(self.state)
-        lm = self.run.lm
-        lm.reset(self.state.batch)
-        if prefill.input_ids.shape[1]:
-            lm.forward(prefill.input_ids, prefill.position_ids, valid=prefill.attention_mask)
-        if self.run.drafter is not None:
-            self.run.drafter.start(prefill, self.state)
+    def admit(self) -> None:
+        """Give the free places to the next prompts of the queue and prefill them.
+
+        Every new prompt but its last token runs through the target and the drafter, and
+        the new rows join the caches (which start afresh when the batch was empty).
+        """
+        free = min(self.size - len(self.rows), len(self.prompts) - self.queue)
+        if free <= 0:
+            return
+        indices = list(range(self.queue, self.queue + free))
+        self.queue += free
+        device = self.state.tokens.device
+        lengths = [len(self.prompts[i]) for i in indices]
+        tokens = torch.zeros(free, self.capacity, dtype=torch.int64)
+        for row, i in enumerate(indices):
+            tokens[row, : lengths[row]] = torch.tensor(self.prompts[i], dtype=torch.int64)
+        new = DecodeState(
+            tokens.to(device),
+            torch.tensor(lengths, device=device),
+            max(lengths),
+            self.state.vocab_size,
+        )
+        prefill = _prefill(new)
+        fresh = not self.rows
+        lm, drafter = self.run.lm, self.run.drafter
+        if fresh:
+            lm.reset(0)
+        lm.join(prefill.input_ids, prefill.position_ids, prefill.attention_mask)
+        state = self.state
+        state.tokens = torch.cat([state.tokens, new.tokens])
+        state.lengths = torch.cat([state.lengths, new.lengths])
+        state.max_length = max(state.max_length if not fresh else 0, new.max_length)
+        self.prompt_lengths = torch.cat([self.prompt_lengths, new.lengths])
+        budgets = torch.tensor([self.budgets[i] for i in indices], dtype=torch.int64)
+        self.budget = torch.cat([self.budget, budgets.to(device)])
+        self.rows.extend(indices)
+        self.sampling = self.run.sampling.rows(self.rows)
+        if self.policy is not None:
+            self.policy.acceptance.add(free)
+        if drafter is not None:
+            (drafter.start if fresh else drafter.join)(prefill, state)
 
     def step(self, results: list[list[int]]) -> None:
         """Draft, score, verify and commit one step of every active sequence."""
@@ -259,7 +291,6 @@ class _Batch:
         self.steps += 1
         self.forwards += len(self.rows)
         self.generated += step_tokens
-        self.run.tokens += step_tokens
         self.state.max_length = longest
         return bool(any_finished), accepted
 
@@ -270,26 +301,29 @@ class _Batch:
         starts = self.prompt_lengths.tolist()
         sequences = self.state.tokens[finished].tolist()
         for position, row in enumerate(done):
-            results[self.rows[row]] = sequences[position][starts[row] : ends[row]]
-        self.run.finished += len(done)
+            index = self.rows[row]
+            results[index] = sequences[position][starts[row] : ends[row]]
+            if self.run.on_finish is not None:
+                self.run.on_finish(index, results[index])
+        self.finished += len(done)
         gone = set(done)
         kept = [position for position in range(len(self.rows)) if position not in gone]
         self.rows = [self.rows[position] for position in kept]
+        index = torch.tensor(kept, dtype=torch.int64).to(self.state.tokens.device)
+        self.state.select(index)
+        self.prompt_lengths = self.prompt_lengths[index]
+        self.budget = self.budget[index]
+        if self.policy is not None:
+            self.policy.acceptance.keep(kept)
         if not kept:
             return
-        index = torch.tensor(kept, dtype=torch.int64).to(self.state.tokens.device)
         self.run.lm.select(index)
         if self.run.drafter is not None:
             self.run.drafter.select(index)
-        self.state.select(index)
-        if self.policy is not None:
-            self.policy.acceptance.keep(kept)
         self.sampling = self.sampling.rows(kept)
-        self.prompt_lengths = self.prompt_lengths[index]
-        self.budget = self.budget[index]
 
     def stats(self, wall_time_s: float) -> GenerationStats:
-        """The batch's counters."""
+        """The run's counters."""
         run = self.run
         speculative = run.drafter is not None
         return GenerationStats(
@@ -297,7 +331,7 @@ class _Batch:
             drafter=run.drafter.name if run.drafter is not None else None,
             method=run.method if speculative else None,
             k=run.k,
-            sequences=self.size,
+            sequences=len(self.prompts),
             tokens=self.generated,
             wall_time_s=wall_time_s,
             steps=self.steps,
@@ -307,38 +341,42 @@ class _Batch:
         )
 
 
-def decode_batch(
+def decode(
     run: Run,
     prompts: list[list[int]],
-    indices: range,
     budgets: list[int],
+    max_batch_size: int,
     results: list[list[int]],
 ) -> GenerationStats:
-    """Decode one batch of prompts to the end; write each output into ``results``.
+    """Decode every prompt, ``max_batch_size`` at a time; write each output into ``results``.
+
+    Prompts enter in order; whenever sequences finish, the next prompts take their places
+    before the next step (continuous batching).
 
     Parameters
     ----------
     run : Run
         The call's configuration.
     prompts : list of list of int
-        The batch's prompts, those of ``indices``.
-    indices : range
-        The prompts' indices in the call (and in ``results``).
+        The prompts of the call.
     budgets : list of int
         Most tokens each prompt may generate.
+    max_batch_size : int
+        Most sequences decoded at once.
     results : list of list of int
         Where ``results[i]`` receives the tokens generated for prompt ``i``.
 
     Returns
     -------
     GenerationStats
-        The batch's counters.
+        The run's counters.
     """
-    batch = _Batch(run, prompts, indices, budgets)
+    batch = _Batch(run, prompts, budgets, max_batch_size)
     start = time.perf_counter()
-    batch.prefill()
+    batch.admit()
     while batch.rows:
         batch.step(results)
+        batch.admit()
         if run.on_progress is not None:
-            run.on_progress(run.finished, run.sampling.batch, run.tokens)
+            run.on_progress(batch.finished, len(prompts), batch.generated)
     return batch.stats(time.perf_counter() - start)

@@ -47,9 +47,11 @@ class Proposal(NamedTuple):
 class Drafter(Protocol):
     """What the decoding loop needs from a drafter.
 
-    The loop calls :meth:`start` once per batch, then every step :meth:`propose`, verifies,
-    appends the emitted tokens to the state and calls :meth:`update`; a step that drafts
-    nothing (the adaptive policy chose a plain step) calls :meth:`skip` instead.
+    The loop calls :meth:`start` with the first sequences and :meth:`join` whenever more
+    sequences take the places of finished ones (continuous batching). Every step it calls
+    :meth:`propose`, verifies, appends the emitted tokens to the state and calls
+    :meth:`update`; a step that drafts nothing (the adaptive policy chose a plain step)
+    calls :meth:`skip` instead.
     :meth:`select` drops finished sequences. A drafter must not read the verifier's
     randomness.
 
@@ -66,7 +68,10 @@ class Drafter(Protocol):
     samples: bool
 
     def start(self, prefill: Prefill, state: DecodeState) -> None:
-        """Begin a batch: ``prefill`` holds every prompt but its last token."""
+        """Begin a run: ``prefill`` holds every prompt of ``state`` but its last token."""
+
+    def join(self, prefill: Prefill, state: DecodeState) -> None:
+        """Sequences were appended to ``state`` (its last rows); ``prefill`` holds their prompts."""
 
     def propose(self, state: DecodeState, k: int, sampling: SamplingState) -> Proposal:
         """Propose ``k`` tokens for every active sequence (``[batch, k]``)."""
@@ -130,34 +135,54 @@ class ModelDrafter:
         self.name = f"model ({self.lm.describe()})"
         self._k = 0
         self._lag = 0
+        self._lags = torch.zeros(0, dtype=torch.int64)
         self._pending = torch.zeros(0, dtype=torch.bool)
         self._pending_token = torch.zeros(0, dtype=torch.int64)
         self._drafts = torch.zeros(0, 0, dtype=torch.int64)
 
     def start(self, prefill: Prefill, state: DecodeState) -> None:
         """Reset the cache and feed the prompts (but their last tokens)."""
-        self.lm.reset(state.batch)
         device = state.tokens.device
-        if prefill.input_ids.shape[1]:
-            self.lm.forward(prefill.input_ids, prefill.position_ids, valid=prefill.attention_mask)
+        self.lm.reset(0)
         self._k = self._lag = 0
-        self._pending = torch.zeros(state.batch, dtype=torch.bool, device=device)
-        self._pending_token = torch.zeros(state.batch, dtype=torch.int64, device=device)
+        self._lags = torch.zeros(0, dtype=torch.int64, device=device)
+        self._pending = torch.zeros(0, dtype=torch.bool, device=device)
+        self._pending_token = torch.zeros(0, dtype=torch.int64, device=device)
+        self._drafts = torch.zeros(0, 0, dtype=torch.int64, device=device)
+        self.join(prefill, state)
+
+    def join(self, prefill: Prefill, state: DecodeState) -> None:
+        """Feed the prompts of the sequences just appended to ``state`` (its last rows)."""
+        self.lm.join(prefill.input_ids, prefill.position_ids, prefill.attention_mask)
+        new = prefill.input_ids.shape[0]
+        device = state.tokens.device
+        self._lags = torch.cat([self._lags, torch.zeros(new, dtype=torch.int64, device=device)])
+        self._pending = torch.cat(
+            [self._pending, torch.zeros(new, dtype=torch.bool, device=device)]
+        )
+        self._pending_token = torch.cat(
+            [self._pending_token, torch.zeros(new, dtype=torch.int64, device=device)]
+        )
+        self._drafts = torch.cat([self._drafts, self._drafts.new_zeros(new, self._drafts.shape[1])])
 
     def _first_logits(self, state: DecodeState) -> torch.Tensor:
         """``[batch, vocab]`` logits after the tokens the cache has not seen yet.
 
-        Those are the pending draft (masked if none), the tokens committed by the plain
-        steps since the last proposal (``lag``, one per sequence and step), and the last
-        committed token.
+        Those are, per sequence, the pending draft (masked if none), the tokens committed by
+        the plain steps since its last proposal (``lags``, at most ``lag``) and the last
+        committed token: ``lag + 2`` slots, of which a sequence with a shorter lag masks the
+        first ones (its cache holds those tokens already).
         """
-        offsets = torch.arange(-1 - self._lag, 1, device=state.lengths.device)
+        lag = self._lag
+        offsets = torch.arange(-1 - lag, 1, device=state.lengths.device)
         positions = ((state.lengths - 1).unsqueeze(1) + offsets).clamp_(min=0)
         ids = state.tokens.gather(1, positions)
-        ids[:, 0] = self._pending_token
-        valid = torch.ones_like(ids, dtype=torch.bool)
-        valid[:, 0] = self._pending
+        slots = torch.arange(lag + 2, device=ids.device)
+        first = (lag - self._lags).unsqueeze(1)
+        ids = torch.where(slots == first, self._pending_token.unsqueeze(1), ids)
+        valid = (slots > first) | ((slots == first) & self._pending.unsqueeze(1))
         self._lag = 0
+        self._lags.zero_()
         return self.lm.forward(ids, positions, valid=valid)[:, -1]
 
     def propose(self, state: DecodeState, k: int, sampling: SamplingState) -> Proposal:
@@ -201,10 +226,12 @@ class ModelDrafter:
     def skip(self, state: DecodeState) -> None:
         """A plain step: the committed token is fed with the next proposal."""
         self._lag += 1
+        self._lags += 1
 
     def select(self, index: torch.Tensor) -> None:
         """Keep the sequences at ``index`` in the cache and the pending state."""
         self.lm.select(index)
+        self._lags = self._lags[index]
         self._pending = self._pending[index]
         self._pending_token = self._pending_token[index]
         self._drafts = self._drafts[index]

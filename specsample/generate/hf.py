@@ -267,6 +267,88 @@ class CachedLM:
                     found.append((cache, name, i))
         return found
 
+    def _tensors(self) -> list[torch.Tensor] | None:
+        """The ``[batch, heads, width, dim]`` keys and values, ``None`` if laid out otherwise."""
+        tensors = []
+        for holder, name, i in self._layer_tensors():
+            value = getattr(holder, name)
+            tensor = value if i is None else value[i]
+            if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4:
+                return None
+            if tensor.shape[2] != self.width:
+                return None
+            tensors.append(tensor)
+        return tensors or None
+
+    def _replace(self, tensors: list[torch.Tensor]) -> None:
+        """Store ``tensors`` where :meth:`_tensors` found them."""
+        for (holder, name, i), tensor in zip(self._layer_tensors(), tensors, strict=True):
+            if i is None:
+                setattr(holder, name, tensor)
+            else:
+                getattr(holder, name)[i] = tensor
+
+    def join(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, valid: torch.Tensor
+    ) -> None:
+        """Append new rows: their prompts run through a cache of their own, then join this one.
+
+        The narrower of the two caches is left-padded with masked slots, so every row keeps
+        its slots in order and the cache stays rectangular (positions are explicit, so the
+        padding changes nothing the model computes).
+
+        Parameters
+        ----------
+        input_ids, position_ids, valid : torch.Tensor
+            ``[new, n]`` int64 the new rows' prompts (``n`` may be 0), as for :meth:`forward`.
+
+        Raises
+        ------
+        ValueError
+            The model's cache has a layout other than ``[batch, heads, slots, dim]`` tensors.
+        """
+        fresh = CachedLM(self.model, self.role, check=False)
+        fresh.reset(input_ids.shape[0])
+        if input_ids.shape[1]:
+            fresh.forward(input_ids, position_ids, valid=valid)
+        width = max(self.width, fresh.width)
+        if width:
+            self._concatenate(fresh, width)
+        rows = self._mask.shape[0] + fresh._mask.shape[0]
+        mask = torch.zeros(rows, width + 64, dtype=torch.int64, device=self._mask.device)
+        mask[: self._mask.shape[0], width - self.width : width] = self._mask[:, : self.width]
+        mask[self._mask.shape[0] :, width - fresh.width : width] = fresh._mask[:, : fresh.width]
+        self._mask = mask
+        self.width = width
+
+    def _concatenate(self, fresh: CachedLM, width: int) -> None:
+        """Stack this cache's rows and ``fresh``'s, both left-padded to ``width`` slots."""
+        mine, theirs = self._tensors() if self.width else None, fresh._tensors()
+        if (fresh.width and theirs is None) or (self.width and mine is None):
+            raise ValueError(
+                f"the {self.role} model's cache is not a list of [batch, heads, slots, dim] "
+                "tensors; new sequences cannot join a running batch"
+            )
+        base = mine if mine is not None else theirs
+        if base is None:
+            return
+        old_rows, new_rows = self._mask.shape[0], fresh._mask.shape[0]
+        joined = []
+        for index, reference in enumerate(base):
+            parts = []
+            for tensors, rows in ((mine, old_rows), (theirs, new_rows)):
+                if tensors is None:
+                    shape = (rows, reference.shape[1], width, reference.shape[3])
+                    parts.append(reference.new_zeros(shape))
+                    continue
+                tensor = tensors[index]
+                pad = width - tensor.shape[2]
+                parts.append(torch.nn.functional.pad(tensor, (0, 0, pad, 0)) if pad else tensor)
+            joined.append(torch.cat(parts))
+        if mine is None:
+            self.cache = fresh.cache
+        self._replace(joined)
+
     def maybe_compact(self, max_length: int) -> bool:
         """Drop masked slots when they make up more than half the cache.
 
@@ -283,17 +365,8 @@ class CachedLM:
         """
         if self.cache is None or self.width <= 2 * max_length + 64:
             return False
-        places = self._layer_tensors()
-        tensors = []
-        for holder, name, i in places:
-            value = getattr(holder, name)
-            tensor = value if i is None else value[i]
-            if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4:
-                return False
-            if tensor.shape[2] != self.width:
-                return False
-            tensors.append(tensor)
-        if not tensors:
+        tensors = self._tensors()
+        if tensors is None:
             return False
         mask = self._mask[:, : self.width]
         longest = int(mask.sum(dim=1).max()) if mask.shape[0] else 0
@@ -301,13 +374,11 @@ class CachedLM:
         order = torch.where(mask.bool(), slots, -1).sort(dim=1).values
         kept = order[:, self.width - longest :]
         index = kept.clamp(min=0)
-        for (holder, name, i), tensor in zip(places, tensors, strict=True):
+        gathered = []
+        for tensor in tensors:
             batch, heads, _, dim = tensor.shape
-            gathered = tensor.gather(2, index[:, None, :, None].expand(batch, heads, -1, dim))
-            if i is None:
-                setattr(holder, name, gathered)
-            else:
-                getattr(holder, name)[i] = gathered
+            gathered.append(tensor.gather(2, index[:, None, :, None].expand(batch, heads, -1, dim)))
+        self._replace(gathered)
         self.width = kept.shape[1]
         self._mask = torch.zeros(
             mask.shape[0], self.width + 64, dtype=torch.int64, device=mask.device

@@ -113,36 +113,56 @@ def seed_list(seeds: int | Sequence[int | None] | None, count: int) -> list[int 
     return values
 
 
+def _new_token_limits(max_new_tokens: int | Sequence[int], count: int) -> list[int]:
+    """One ``max_new_tokens`` per prompt, each checked."""
+    if isinstance(max_new_tokens, Sequence) and not isinstance(max_new_tokens, (str, bytes)):
+        if len(max_new_tokens) != count:
+            raise ValueError(
+                f"max_new_tokens must be one int or one per prompt ({count}), "
+                f"got {len(max_new_tokens)}"
+            )
+        return [
+            check_int(f"max_new_tokens[{i}]", value, 1, MAX_NEW_TOKENS)
+            for i, value in enumerate(max_new_tokens)
+        ]
+    return [check_int("max_new_tokens", max_new_tokens, 1, MAX_NEW_TOKENS)] * count
+
+
 def token_budgets(
-    prompts: list[list[int]], max_new_tokens: int, vocab_size: int, context: int | None
+    prompts: list[list[int]],
+    max_new_tokens: int | Sequence[int],
+    vocab_size: int,
+    context: int | None,
 ) -> list[int]:
     """Tokens each prompt may generate: ``max_new_tokens``, or fewer where the context ends.
+
+    ``max_new_tokens`` is one int or one per prompt.
 
     Raises
     ------
     ValueError
-        ``max_new_tokens`` is outside ``[1, MAX_NEW_TOKENS]``; a prompt is empty, holds ids
-        outside ``[0, vocab_size)`` or fills the context.
+        A ``max_new_tokens`` outside ``[1, MAX_NEW_TOKENS]``, or not one per prompt; a prompt
+        is empty, holds ids outside ``[0, vocab_size)`` or fills the context.
 
     Examples
     --------
-    >>> token_budgets([[1, 2], [3]], 8, 10, 6)
-    [4, 5]
+    >>> token_budgets([[1, 2], [3]], 8, 10, 6), token_budgets([[1], [2]], [3, 9], 10, 6)
+    ([4, 5], [3, 5])
     """
-    check_int("max_new_tokens", max_new_tokens, 1, MAX_NEW_TOKENS)
+    limits = _new_token_limits(max_new_tokens, len(prompts))
     budgets = []
-    for i, prompt in enumerate(prompts):
+    for i, (prompt, max_new) in enumerate(zip(prompts, limits, strict=True)):
         if not prompt:
             raise ValueError(f"prompts[{i}] is empty: every prompt needs at least one token")
         if min(prompt) < 0 or max(prompt) >= vocab_size:
             raise ValueError(f"prompts[{i}] holds token ids outside [0, {vocab_size})")
         if context is None:
-            budgets.append(max_new_tokens)
+            budgets.append(max_new)
             continue
         if len(prompt) >= context:
             raise ValueError(
                 f"prompts[{i}] has {len(prompt)} tokens but the target's context is {context} "
                 "positions: nothing can be generated"
             )
-        budgets.append(min(max_new_tokens, context - len(prompt)))
+        budgets.append(min(max_new, context - len(prompt)))
     return budgets

@@ -14,15 +14,18 @@ One step of :func:`speculative_generate`, for every active sequence at once:
    model's, are masked for good, so both caches stay rectangular while every sequence
    advances by its own accepted length;
 5. sequences that produced EOS or reached ``max_new_tokens`` leave the batch (their cache
-   rows are dropped), so they stop costing compute.
+   rows are dropped), so they stop costing compute, and the next prompts of the queue take
+   their places at once (continuous batching: their prompts are prefilled and join the
+   caches).
 
 The steps are those of :mod:`specsample.generate.batch`. :func:`target_generate` runs the same
 loop without drafts: one target forward per token, sampled by the same
 :func:`specsample.verify` processing, so the two are directly comparable.
 
-Sequences are decoded in batches of at most ``max_batch_size``; the output is in prompt
-order, and a seeded sequence's output depends only on its prompt, its seed and its
-sampling parameters (up to floating-point differences between batch shapes).
+At most ``max_batch_size`` sequences are decoded at once, entering in prompt order; the
+output is in prompt order, and a seeded sequence's output depends only on its prompt, its
+seed and its sampling parameters, never on which sequences share its steps (up to
+floating-point differences between batch shapes).
 """
 
 from __future__ import annotations
@@ -33,7 +36,13 @@ from typing import Any, NamedTuple
 import torch
 
 from specsample.generate import inputs
-from specsample.generate.batch import ProgressCallback, Run, TokenCallback, decode_batch
+from specsample.generate.batch import (
+    FinishCallback,
+    ProgressCallback,
+    Run,
+    TokenCallback,
+    decode,
+)
 from specsample.generate.drafters import Drafter, ModelDrafter
 from specsample.generate.hf import CachedLM, vocab_size
 from specsample.generate.state import SamplingState
@@ -72,13 +81,14 @@ def _generate(
     k: int,
     method: str,
     sampling: dict[str, Any],
-    max_new_tokens: int,
+    max_new_tokens: int | Sequence[int],
     eos_token_id: int | Sequence[int] | None,
     seeds: int | Sequence[int | None] | None,
     generator: torch.Generator | None,
     max_batch_size: int | None,
     on_tokens: TokenCallback | None,
     on_progress: ProgressCallback | None,
+    on_finish: FinishCallback | None,
     adaptive: bool = False,
 ) -> GenerationOutput:
     """Validate the call, then decode the prompts ``max_batch_size`` at a time."""
@@ -93,17 +103,10 @@ def _generate(
         count, lm.device, seeds=inputs.seed_list(seeds, count), generator=generator, **sampling
     )
     eos = inputs.eos_ids(eos_token_id)
-    run = Run(lm, drafter, k, method, state, eos, on_tokens, on_progress, adaptive)
+    run = Run(lm, drafter, k, method, state, eos, on_tokens, on_progress, adaptive, on_finish)
     results: list[list[int]] = [[] for _ in prompt_ids]
-    parts = []
     with torch.inference_mode():
-        for first in range(0, count, batch_size):
-            indices = range(first, min(first + batch_size, count))
-            batch = [prompt_ids[i] for i in indices]
-            parts.append(decode_batch(run, batch, indices, budgets[first : indices.stop], results))
-    stats = parts[0]
-    for part in parts[1:]:
-        stats = stats.merge(part)
+        stats = decode(run, prompt_ids, budgets, batch_size, results)
     return GenerationOutput(results, stats)
 
 
@@ -165,14 +168,15 @@ def speculative_generate(
     top_k: Scalars = None,
     top_p: Scalars = None,
     min_p: Scalars = None,
-    max_new_tokens: int = 64,
+    max_new_tokens: int | Sequence[int] = 64,
     eos_token_id: int | Sequence[int] | None = None,
     seeds: int | Sequence[int | None] | None = None,
     generator: torch.Generator | None = None,
     max_batch_size: int | None = None,
     on_tokens: TokenCallback | None = None,
     on_progress: ProgressCallback | None = None,
-    adaptive: bool = False,
+    on_finish: FinishCallback | None = None,
+    adaptive: bool = True,
 ) -> GenerationOutput:
     """Generate from ``target`` with speculative decoding, a batch of prompts at a time.
 
@@ -203,9 +207,9 @@ def speculative_generate(
     temperature, top_k, top_p, min_p : scalar or sequence
         Sampling parameters, one value or one per prompt, as in :func:`specsample.verify`
         (temperature 0: greedy). The draft model's distributions get the same processing.
-    max_new_tokens : int
-        Most tokens generated per prompt, in ``[1, MAX_NEW_TOKENS]`` (``2**20``; fewer if
-        the target's context ends first).
+    max_new_tokens : int or sequence of int
+        Most tokens generated per prompt (one value, or one per prompt), in
+        ``[1, MAX_NEW_TOKENS]`` (``2**20``; fewer if the target's context ends first).
     eos_token_id : int or sequence of int, optional
         A sequence stops after producing one of these.
     seeds : int or sequence of (int or None), optional
@@ -215,7 +219,8 @@ def speculative_generate(
     generator : torch.Generator, optional
         Randomness of unseeded prompts (torch's default generator when ``None``).
     max_batch_size : int, optional
-        Decode at most this many prompts at once (default: all). A step holds about
+        Decode at most this many prompts at once (default: all). When a sequence finishes,
+        the next prompt takes its place before the next step. A step holds about
         ``batch * (k + 1) * vocab`` logits (and as many draft probabilities), so memory grows
         with it, not with the number of prompts.
     on_tokens : callable, optional
@@ -223,13 +228,14 @@ def speculative_generate(
         host transfer per step).
     on_progress : callable, optional
         ``on_progress(finished_sequences, total_sequences, tokens_generated)`` every step.
+    on_finish : callable, optional
+        ``on_finish(prompt_index, token_ids)`` once per prompt, as soon as it finishes, with
+        its generated ids (what ``sequences[prompt_index]`` will hold).
     adaptive : bool
         Choose each step's draft length in ``0..k`` to maximise tokens per second, from the
         acceptance seen so far and the measured step times (:mod:`specsample.generate.policy`;
         0 is a plain decoding step). The choice reads nothing of the step's own randomness,
-        so the output law is unchanged. Off by default (always ``k`` drafts): so far it pays
-        off with prompt-lookup drafts, which often have nothing to propose, but not yet with
-        a draft model.
+        so the output law is unchanged. On by default; ``False`` drafts ``k`` every step.
 
     Returns
     -------
@@ -271,6 +277,7 @@ def speculative_generate(
         max_batch_size=max_batch_size,
         on_tokens=on_tokens,
         on_progress=on_progress,
+        on_finish=on_finish,
         adaptive=_flag("adaptive", adaptive),
     )
 
@@ -283,13 +290,14 @@ def target_generate(
     top_k: Scalars = None,
     top_p: Scalars = None,
     min_p: Scalars = None,
-    max_new_tokens: int = 64,
+    max_new_tokens: int | Sequence[int] = 64,
     eos_token_id: int | Sequence[int] | None = None,
     seeds: int | Sequence[int | None] | None = None,
     generator: torch.Generator | None = None,
     max_batch_size: int | None = None,
     on_tokens: TokenCallback | None = None,
     on_progress: ProgressCallback | None = None,
+    on_finish: FinishCallback | None = None,
 ) -> GenerationOutput:
     """Generate from ``target`` alone, one forward per token: the baseline to compare with.
 
@@ -313,4 +321,5 @@ def target_generate(
         max_batch_size=max_batch_size,
         on_tokens=on_tokens,
         on_progress=on_progress,
+        on_finish=on_finish,
     )

@@ -63,6 +63,9 @@ class NGramDrafter:
     def start(self, prefill: Prefill, state: DecodeState) -> None:
         """Nothing to prepare."""
 
+    def join(self, prefill: Prefill, state: DecodeState) -> None:
+        """Nothing to prepare: the drafter reads the committed tokens."""
+
     def propose(self, state: DecodeState, k: int, sampling: SamplingState | None) -> Proposal:
         """Propose ``k`` tokens per sequence from its own history (``[batch, k]``, one-hot)."""
         width = min(self.window, state.max_length)

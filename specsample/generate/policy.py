@@ -98,10 +98,6 @@ class AcceptanceTracker:
         """Track ``count`` new sequences, starting from what every sequence showed so far."""
         self.rates.extend(list(self.history) for _ in range(count))
 
-    def restart(self, count: int) -> None:
-        """Track ``count`` new sequences only (a new batch of the same run)."""
-        self.rates = []
-        self.add(count)
 
 
 class CostModel:
@@ -150,39 +146,54 @@ class CostModel:
 class DraftLengthPolicy:
     """Choose each step's draft length ``m`` in ``0..k_max`` (see the module docstring).
 
+    Step times depend on how many sequences share the step, so timings are kept per batch
+    size; a batch size not anchored yet (both ends measured) borrows the timings of the
+    nearest one that is, so a batch that shrinks or grows does not explore again.
+
     Parameters
     ----------
     k_max : int
         The largest draft length.
     batch : int
-        Sequences at the start.
-    cost : CostModel, optional
-        Timings to start from.
+        Sequences at the start (more join with :meth:`AcceptanceTracker.add`).
     """
 
-    def __init__(self, k_max: int, batch: int, cost: CostModel | None = None) -> None:
+    def __init__(self, k_max: int, batch: int) -> None:
         if k_max < 0:
             raise ValueError(f"k_max must be >= 0, got {k_max}")
         self.k_max = k_max
         self.acceptance = AcceptanceTracker(batch, k_max)
-        self.cost = CostModel() if cost is None else cost
+        self.costs: dict[int, CostModel] = {}
+
+    def _anchored(self, cost: CostModel) -> bool:
+        return {1, self.k_max + 1} <= cost.target.keys() and cost.draft is not None
+
+    def _cost(self, batch: int) -> CostModel | None:
+        """The timings to choose by at ``batch``: its own, or the nearest anchored ones."""
+        anchored = [size for size, cost in self.costs.items() if self._anchored(cost)]
+        if not anchored:
+            return None
+        return self.costs[min(anchored, key=lambda size: (abs(size - batch), -size))]
 
     def choose(self) -> int:
         """The draft length of the next step.
 
-        The first steps explore the two ends (``k_max``, then 0, a plain step that is
-        progress too) so that the cost line is anchored; after that, the best ratio of
-        expected tokens to expected time.
+        Until some batch size has timings at both ends, the first steps explore them
+        (``k_max``, then 0, a plain step that is progress too); after that, the best ratio
+        of expected tokens to expected time.
         """
         if self.k_max == 0:
             return 0
-        if self.k_max + 1 not in self.cost.target or self.cost.draft is None:
-            return self.k_max
-        if 1 not in self.cost.target:
-            return 0
+        batch = len(self.acceptance.rates)
+        cost = self._cost(batch)
+        if cost is None:
+            own = self.costs.get(batch)
+            explored = own is not None and self.k_max + 1 in own.target and own.draft is not None
+            return 0 if explored else self.k_max
+        draft = cost.draft or 0.0
         best, best_rate = 0, -1.0
         for m in range(self.k_max + 1):
-            seconds = self.cost.target_time(m + 1) + m * self.cost.draft
+            seconds = cost.target_time(m + 1) + m * draft
             rate = self.acceptance.expected_tokens(m) / max(seconds, 1e-12)
             if rate > best_rate:
                 best, best_rate = m, rate
@@ -196,7 +207,8 @@ class DraftLengthPolicy:
         draft_seconds: float,
     ) -> None:
         """Record a step of draft length ``m``: per-sequence accepted counts and timings."""
-        self.cost.observe_target(m + 1, target_seconds)
+        cost = self.costs.setdefault(len(accepted), CostModel())
+        cost.observe_target(m + 1, target_seconds)
         if m:
-            self.cost.observe_draft(draft_seconds / m)
+            cost.observe_draft(draft_seconds / m)
             self.acceptance.update([m] * len(accepted), accepted)
