@@ -31,7 +31,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_sampler.py
 
 bench-generate: $(STAMP)
-	$(PY) benchmarks/bench_generate.py
+	$(PY) benchmarks/bench_generate.py --threads 1
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

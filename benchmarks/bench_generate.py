@@ -1,34 +1,83 @@
-"""Speculative generation against target-only generation, with the shipped default pair.
+"""Our generation against transformers' own, with the shipped default pair, in one process.
 
-For every temperature and batch size, target-only and speculative decoding generate the same
-prompts (eight fixed Python snippets, ``--max-new-tokens`` each), alternately,
-``--repeats`` times; the table reports medians of ratios measured in this run:
+Every contestant generates the same prompts (``--prompts``, cycled from eight fixed Python
+snippets), at most ``--max-new-tokens`` each and stopping at EOS, at every temperature of
+``--temperatures`` (0 decodes greedily; sampling uses the full distribution, no top-k cut):
 
-* ``speedup``: speculative tokens/s over target-only tokens/s (tokens per second, because a
-  sampled sequence may stop at EOS after a different length in the two modes);
-* ``batch scaling``: tokens/s of this batch size over tokens/s of batch size 1, same mode;
-* ``tokens/forward``: generated tokens per target forward of one sequence;
-* ``same tokens``: whether both modes generated the same tokens in every run (expected at
-  temperature 0, up to float32 near-ties between logits computed in different batch shapes;
-  at temperature 1 speculative sampling reproduces the law, not the draws);
-* ``others``: the CPU share other processes used during the runs (a busy machine skews
-  every ratio).
+* ``hf target``: transformers' ``generate`` with the target alone;
+* ``hf assisted``: with the draft model as assistant, transformers' defaults (20 drafts a
+  step, constant schedule, drafting stops early below 0.4 confidence, a threshold
+  transformers adapts during the call where scikit-learn is installed);
+* ``hf assisted k=K``: the same with ``-k`` drafts every step (no early stop);
+* ``hf prompt lookup``: n-gram drafts from the sequence itself, ``-k`` per step;
+* ``ours target``: :func:`~specsample.generate.target_generate`, target-only;
+* ``ours fixed k (model)``, ``ours adaptive (model)``: :func:`~specsample.generate.
+  speculative_generate` with the draft model, ``-k`` drafts a step or an adaptive number
+  of at most ``-k``;
+* ``ours fixed k (n-gram)``, ``ours adaptive (n-gram)``: the same with
+  :class:`~specsample.generate.NGramDrafter` drafts.
 
-Batch size 1 decodes the eight prompts one after the other; batch size 8 decodes them
-together. Run ``python benchmarks/bench_generate.py --help`` for the options.
+transformers runs at batch size 1 (one prompt after the other); ours runs at every batch size
+of ``--batch-sizes`` (1 always included), with continuous batching (``max_batch_size``).
+Each contestant is warmed up once, then runs once per round for ``--rounds`` rounds, in an
+order that rotates between rounds; every call is timed around the whole call with
+:func:`time.perf_counter`, tokens counted from what it returned (EOS included). The tables
+report medians over the rounds of tokens per second (tokens rather than calls, because a
+sampled sequence may stop at EOS after a different length in each run) and their ratios:
+
+* batch 1: each contestant's tokens/s and its ratio to ``hf target``; then the headline
+  ratios ``ours adaptive (model) / best hf assisted`` (the faster of the two assisted
+  contestants, named), ``ours adaptive (n-gram) / hf prompt lookup`` and
+  ``ours target / hf target``;
+* ours by batch size, per drafter: ``adaptive / target`` and ``adaptive / fixed k`` (the
+  adaptive draft length should never be slower than either), ``fixed k / target``, and the
+  adaptive contestant's tokens/s;
+* queue (``--queue`` prompts, temperature 0, ours only; ``--queue 0`` skips it): ours
+  target and ours adaptive with either drafter, at batch size 1 and at the largest batch
+  size, whose batch keeps refilling from the queue as sequences finish: tokens/s at both,
+  ``batch B / batch 1`` of each, and ``/ target`` (at batch size B).
+
+The header gives the command line and the share of the CPUs other processes used during
+the timed rounds (a busy machine skews every ratio). A plot (``--plot``, default
+``bench_generate.png``; ``--no-plot``) shows the batch-1 tokens/s of every contestant and
+ours at every batch size, one column per temperature.
+
+The default run (``--threads 1``: 8 prompts x 96 new tokens, temperatures 0 and 1, batch
+sizes 1 4 8, a queue of 32, 3 rounds) takes about 24 minutes on an idle 2-core machine
+(a round about 8 minutes, two thirds of it the main section, a third the queue).
+Run ``python benchmarks/bench_generate.py --help`` for the options.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import shlex
 import statistics
 import sys
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
+import transformers
+from generate_contestants import (
+    DRAFTS,
+    HF_ASSISTED,
+    HF_LOOKUP,
+    HF_TARGET,
+    OURS_TARGET,
+    Contestant,
+    Slot,
+    hf_assisted_k,
+    hf_contestants,
+    ours,
+    ours_contestants,
+    quiet_transformers,
+)
 
 from specsample.bench import CpuShare
-from specsample.generate import NGramDrafter, hf, speculative_generate, target_generate
+from specsample.generate import hf
 
 PROMPTS = (
     "def parse(text):",
@@ -40,47 +89,236 @@ PROMPTS = (
     "    def __repr__(self):",
     "    except KeyError:",
 )
+WARM_UP_TOKENS = 4
+Medians = dict[Slot, float]
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
-    parser.add_argument(
-        "--methods",
-        nargs="+",
-        default=["chain", "block"],
-        help="rules for sampled runs (greedy runs use chain)",
-    )
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("-k", type=int, default=4, help="drafts per step (default 4)")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--prompts", type=int, default=8, help="prompts (the snippets cycled)")
     parser.add_argument(
-        "--adaptive", action="store_true", help="choose each step's draft length in 0..k"
+        "--queue", type=int, default=32, help="prompts of the queue section (0: skip it)"
     )
-    parser.add_argument(
-        "--ngram", action="store_true", help="draft by prompt lookup instead of the draft model"
-    )
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each mode (median)")
+    parser.add_argument("--rounds", type=int, default=3, help="timed runs of each contestant")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
     )
-    return parser.parse_args(argv)
+    parser.add_argument("--plot", default="bench_generate.png", help="where to save the plot")
+    parser.add_argument("--no-plot", action="store_true", help="save no plot")
+    args = parser.parse_args(argv)
+    args.batch_sizes = sorted({1, *args.batch_sizes})
+    return args
 
 
-def _run(
-    target: Any, draft: Any, prompts: list[list[int]], mode: str, args: Any, common: dict
-) -> Any:
-    """One generation run of ``mode``; its ``GenerationOutput``."""
-    if mode == "target-only":
-        return target_generate(target, prompts, **common)
-    drafter = NGramDrafter() if args.ngram else draft
-    return speculative_generate(
-        target, prompts, drafter, k=args.k, adaptive=args.adaptive, **common
+def _cycled(count: int, tokenizer: Any) -> list[list[int]]:
+    """The first ``count`` prompts of :data:`PROMPTS` repeated, as token ids."""
+    return [tokenizer.encode(p) for p in itertools.islice(itertools.cycle(PROMPTS), count)]
+
+
+def _contestants(
+    args: argparse.Namespace, target: Any, draft: Any, tokenizer: Any
+) -> list[Contestant]:
+    """Every contestant of the run: each temperature's, then the queue's."""
+    eos = tokenizer.eos_token_id
+    prompts = _cycled(args.prompts, tokenizer)
+    found: list[Contestant] = []
+    for temperature in args.temperatures:
+        for name, generate in hf_contestants(target, draft, temperature, args.k, eos).items():
+            found.append(Contestant(Slot("main", name, temperature, 1), prompts, generate))
+        for batch in args.batch_sizes:
+            peers = ours_contestants(target, draft, temperature, batch, args.k, eos)
+            for name, generate in peers.items():
+                found.append(Contestant(Slot("main", name, temperature, batch), prompts, generate))
+    if args.queue:
+        queue = _cycled(args.queue, tokenizer)
+        for batch in sorted({1, args.batch_sizes[-1]}):
+            peers = ours_contestants(target, draft, 0.0, batch, args.k, eos)
+            for name in _queue_names():
+                found.append(Contestant(Slot("queue", name, 0.0, batch), queue, peers[name]))
+    return found
+
+
+def _queue_names() -> list[str]:
+    return [OURS_TARGET, *(ours(True, drafts) for drafts in DRAFTS)]
+
+
+def _rotated(items: Sequence[Contestant], round_index: int, rounds: int) -> list[Contestant]:
+    """``items`` started at a different place in every round, the places spread evenly."""
+    shift = round_index * len(items) // rounds
+    return [*items[shift:], *items[:shift]]
+
+
+def _measure(
+    contestants: list[Contestant], args: argparse.Namespace
+) -> tuple[Medians, float | None]:
+    """Median tokens/s of every contestant, and the CPU share other processes took."""
+    print(f"warming up {len(contestants)} contestants", file=sys.stderr, flush=True)
+    for contestant in contestants:
+        contestant.tokens_per_s(WARM_UP_TOKENS)
+    rates: dict[Slot, list[float]] = {c.slot: [] for c in contestants}
+    started = time.perf_counter()
+    with CpuShare() as share:
+        for round_index in range(args.rounds):
+            for contestant in _rotated(contestants, round_index, args.rounds):
+                torch.manual_seed(round_index)
+                rates[contestant.slot].append(contestant.tokens_per_s(args.max_new_tokens))
+            elapsed = time.perf_counter() - started
+            left = elapsed / (round_index + 1) * (args.rounds - round_index - 1)
+            print(
+                f"round {round_index + 1}/{args.rounds} done, {elapsed:.0f} s, "
+                f"about {left:.0f} s left",
+                file=sys.stderr,
+                flush=True,
+            )
+    return {slot: statistics.median(values) for slot, values in rates.items()}, share.share
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _x(numerator: float, denominator: float) -> str:
+    return f"{numerator / denominator:.2f}x"
+
+
+def _rates(
+    medians: Medians, temperature: float, batch: int, section: str = "main"
+) -> dict[str, float]:
+    """Median tokens/s of the contestants of one section, temperature and batch size, by name."""
+    return {
+        slot.name: value
+        for slot, value in medians.items()
+        if (slot.section, slot.temperature, slot.batch) == (section, temperature, batch)
+    }
+
+
+def _batch_one(medians: Medians, temperature: float, k: int) -> list[str]:
+    """Every contestant at batch size 1, then the headline ratios."""
+    rate = _rates(medians, temperature, 1)
+    base = rate[HF_TARGET]
+    lines = _table(
+        ["contestant (batch 1)", "tokens/s", "/ hf target"],
+        [[name, f"{value:.1f}", _x(value, base)] for name, value in rate.items()],
     )
+    assisted = max((HF_ASSISTED, hf_assisted_k(k)), key=rate.__getitem__)
+    headlines = [
+        (f"{ours(True, 'model')} / best hf assisted ({assisted})", ours(True, "model"), assisted),
+        (f"{ours(True, 'n-gram')} / {HF_LOOKUP}", ours(True, "n-gram"), HF_LOOKUP),
+        (f"{OURS_TARGET} / {HF_TARGET}", OURS_TARGET, HF_TARGET),
+    ]
+    rows = [[label, f"**{_x(rate[a], rate[b])}**"] for label, a, b in headlines]
+    return [*lines, "", *_table(["headline (batch 1)", "ratio"], rows)]
+
+
+def _by_batch(medians: Medians, temperature: float, batches: list[int]) -> list[str]:
+    """Ours at every batch size: adaptive against target-only and against fixed k."""
+    rows = []
+    for batch in batches:
+        rate = _rates(medians, temperature, batch)
+        for drafts in DRAFTS:
+            adaptive, fixed = rate[ours(True, drafts)], rate[ours(False, drafts)]
+            target = rate[OURS_TARGET]
+            rows.append(
+                [
+                    str(batch),
+                    drafts,
+                    _x(adaptive, target),
+                    _x(adaptive, fixed),
+                    _x(fixed, target),
+                    f"{adaptive:.1f}",
+                ]
+            )
+    header = [
+        "batch",
+        "drafts",
+        "adaptive / target",
+        "adaptive / fixed k",
+        "fixed k / target",
+        "adaptive tokens/s",
+    ]
+    return _table(header, rows)
+
+
+def _queue(medians: Medians, batch: int) -> list[str]:
+    """Ours on the queue at batch size 1 and ``batch``."""
+    single, full = _rates(medians, 0.0, 1, "queue"), _rates(medians, 0.0, batch, "queue")
+    rows = [
+        [
+            name,
+            f"{single[name]:.1f}",
+            f"{full[name]:.1f}",
+            _x(full[name], single[name]),
+            _x(full[name], full[OURS_TARGET]),
+        ]
+        for name in _queue_names()
+    ]
+    header = [
+        "contestant",
+        "tokens/s batch 1",
+        f"tokens/s batch {batch}",
+        f"batch {batch} / batch 1",
+        f"/ target (batch {batch})",
+    ]
+    return _table(header, rows)
+
+
+def _report(medians: Medians, args: argparse.Namespace) -> list[str]:
+    lines = []
+    for temperature in args.temperatures:
+        lines += [f"### Temperature {temperature:g}", "", *_batch_one(medians, temperature, args.k)]
+        lines += ["", *_by_batch(medians, temperature, args.batch_sizes), ""]
+    if args.queue:
+        batch = args.batch_sizes[-1]
+        lines += [f"### Queue: {args.queue} prompts, temperature 0", ""]
+        lines += [*_queue(medians, batch), ""]
+    return lines
+
+
+def _plot(medians: Medians, args: argparse.Namespace) -> None:
+    """Batch-1 tokens/s of every contestant, and ours at every batch size, per temperature."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    temperatures = args.temperatures
+    fig, axes = plt.subplots(
+        2, len(temperatures), figsize=(6.5 * len(temperatures), 9), squeeze=False
+    )
+    for column, temperature in enumerate(temperatures):
+        single = _rates(medians, temperature, 1)
+        top = axes[0][column]
+        colours = ["tab:gray" if n.startswith("hf") else "tab:orange" for n in single]
+        bars = top.bar(range(len(single)), list(single.values()), color=colours)
+        top.bar_label(bars, fmt="%.0f", fontsize=8)
+        top.set_xticks(range(len(single)), list(single), rotation=35, ha="right", fontsize=8)
+        top.set_title(f"batch 1, temperature {temperature:g}")
+        top.set_ylabel("tokens/s")
+        bottom = axes[1][column]
+        names = [OURS_TARGET, *(ours(a, d) for d in DRAFTS for a in (False, True))]
+        width = 0.8 / len(args.batch_sizes)
+        for i, batch in enumerate(args.batch_sizes):
+            rate = _rates(medians, temperature, batch)
+            values = [rate[name] for name in names]
+            places = [j + (i - (len(args.batch_sizes) - 1) / 2) * width for j in range(len(names))]
+            bottom.bar(places, values, width, label=f"batch {batch}")
+        bottom.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
+        bottom.set_title(f"ours by batch size, temperature {temperature:g}")
+        bottom.set_ylabel("tokens/s")
+        bottom.legend(fontsize=8)
+    fig.suptitle(f"{args.prompts} prompts x {args.max_new_tokens} new tokens, k={args.k}")
+    fig.tight_layout()
+    fig.savefig(args.plot, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the table; return 0."""
+    """Print the report and save the plot; return 0 (1 without the default pair)."""
     args = _arguments(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -88,67 +326,25 @@ def main(argv: list[str] | None = None) -> int:
     if pair is None:
         print("the default model pair is not installed", file=sys.stderr)
         return 1
+    quiet_transformers()
     tokenizer = hf.load_tokenizer(pair[0])
     target = hf.load_model(pair[0], role="target")
     draft = hf.load_model(pair[1], role="draft")
-    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    command = shlex.join(["python", sys.argv[0], *(sys.argv[1:] if argv is None else argv)])
+    print(f"`{command}`\n")
     print(
-        f"{len(prompts)} prompts x {args.max_new_tokens} new tokens, k={args.k}"
-        f"{' (adaptive)' if args.adaptive else ''}, {'n-gram' if args.ngram else 'model'} drafts, "
-        f"{torch.get_num_threads()} torch threads, median of {args.repeats} runs per mode"
+        f"{args.prompts} prompts x {args.max_new_tokens} new tokens, k={args.k}, "
+        f"{torch.get_num_threads()} torch threads, median of {args.rounds} rounds; "
+        f"torch {torch.__version__}, transformers {transformers.__version__}\n",
+        flush=True,
     )
-    print(
-        "| temperature | method | batch | speedup | batch scaling (spec / target-only) "
-        "| tokens/forward | same tokens | others |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for temperature in args.temperatures:
-        methods = args.methods if temperature > 0 else ["chain"]
-        for method in methods:
-            single: dict[str, float] = {}
-            for batch in args.batch_sizes:
-                common = {
-                    "temperature": temperature,
-                    "max_new_tokens": args.max_new_tokens,
-                    "eos_token_id": tokenizer.eos_token_id,
-                    "seeds": 0,
-                    "max_batch_size": batch,
-                }
-                warm = {**common, "max_new_tokens": 4}
-                _run(target, draft, prompts[:batch], "speculative", args, warm)
-                target_generate(target, prompts[:batch], **warm)
-                rates: dict[str, list[float]] = {"target-only": [], "speculative": []}
-                per_forward = []
-                same = True
-                with CpuShare() as share:
-                    for _ in range(args.repeats):
-                        outputs = {
-                            mode: _run(
-                                target,
-                                draft,
-                                prompts,
-                                mode,
-                                args,
-                                {**common, "method": method} if mode == "speculative" else common,
-                            )
-                            for mode in rates
-                        }
-                        for mode, output in outputs.items():
-                            rates[mode].append(output.stats.tokens_per_s)
-                        per_forward.append(outputs["speculative"].stats.tokens_per_forward)
-                        same &= outputs["speculative"].sequences == outputs["target-only"].sequences
-                speed = {mode: statistics.median(v) for mode, v in rates.items()}
-                single = single or speed
-                others = "?" if share.share is None else f"{share.share:.0%}"
-                print(
-                    f"| {temperature:g} | {method} | {batch} "
-                    f"| **{speed['speculative'] / speed['target-only']:.2f}x** "
-                    f"| {speed['speculative'] / single['speculative']:.2f}x / "
-                    f"{speed['target-only'] / single['target-only']:.2f}x "
-                    f"| {statistics.median(per_forward):.2f} | {'yes' if same else 'no'} "
-                    f"| {others} |",
-                    flush=True,
-                )
+    medians, share = _measure(_contestants(args, target, draft, tokenizer), args)
+    others = "unknown" if share is None else f"{share:.0%}"
+    print(f"Other processes used {others} of the CPUs during the timed rounds.\n")
+    print("\n".join(_report(medians, args)))
+    if not args.no_plot:
+        _plot(medians, args)
+        print(f"plot saved to {args.plot}")
     return 0
 
 

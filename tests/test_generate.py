@@ -26,7 +26,6 @@ import torch
 transformers = pytest.importorskip("transformers")
 scipy_stats = pytest.importorskip("scipy.stats")
 
-from specsample.api import verify  # noqa: E402
 from specsample.generate import (  # noqa: E402
     DecodeState,
     GenerationStats,
@@ -531,11 +530,13 @@ def test_loop_keys_randomness_by_absolute_position(pair, monkeypatch) -> None:
     target, draft = pair
     seen: list[list[int]] = []
 
+    plan = batch_module.pipeline.plan_logits
+
     def spy(*args: Any, **kwargs: Any) -> Any:
         seen.append(kwargs["positions"].tolist())
-        return verify(*args, **kwargs)
+        return plan(*args, **kwargs)
 
-    monkeypatch.setattr(batch_module, "verify", spy)
+    monkeypatch.setattr(batch_module.pipeline, "plan_logits", spy)
     out = speculative_generate(
         target, [[1, 2, 3], [4]], draft, k=2, temperature=1.0, max_new_tokens=6, seeds=1
     )

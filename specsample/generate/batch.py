@@ -16,12 +16,13 @@ from collections.abc import Callable
 
 import torch
 
-from specsample.api import verify
+from specsample import backends, pipeline
 from specsample.generate.drafters import Drafter
 from specsample.generate.hf import CachedLM
 from specsample.generate.policy import DraftLengthPolicy
 from specsample.generate.state import DecodeState, Prefill, SamplingState
 from specsample.generate.stats import GenerationStats
+from specsample.metadata import BatchLayout
 from specsample.rules.typical import typical_acceptance
 
 TokenCallback = Callable[[int, list[int]], None]
@@ -140,6 +141,8 @@ class _Batch:
         self.counts = torch.zeros(run.k + 1, dtype=torch.int64, device=device)
         self.offered = [0] * run.k
         self.method = run.method if run.k else "chain"
+        self.backend = backends.resolve("auto", self.state.tokens)
+        self.layouts: dict[tuple[int, int], BatchLayout] = {}
         self.steps = self.forwards = self.generated = self.finished = 0
 
     def admit(self) -> None:
@@ -238,21 +241,32 @@ class _Batch:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``[batch, k + 1]`` emitted tokens (then -1) and ``[batch]`` how many were emitted.
 
-        Randomness is keyed by each sequence's seed and absolute position (its length).
+        The step runs the pipeline of :func:`specsample.verify` on parameters and a layout
+        that were validated once for the batch. Randomness is keyed by each sequence's seed
+        and absolute position (its length).
         """
         if self.method == "typical":
             return _typical(logits, drafts, self.sampling)
         size, slots, vocab = logits.shape
-        out = verify(
-            logits.reshape(size * slots, vocab),
-            drafts.reshape(-1),
-            [slots - 1] * size,
-            draft_probs=None if probs is None else probs.reshape(size * (slots - 1), vocab),
-            positions=self.state.lengths,
-            method=self.method,
-            **self.sampling.verify_kwargs(),  # type: ignore[arg-type]
+        key = (size, slots - 1)
+        layout = self.layouts.get(key)
+        if layout is None:
+            layout = BatchLayout.build([slots - 1] * size, logits.device)
+            self.layouts[key] = layout
+        flat = logits.reshape(size * slots, vocab)
+        sampling = self.sampling
+        plan = pipeline.plan_logits(
+            flat, layout, sampling.metadata, sampling.seeding, positions=self.state.lengths
         )
-        return out.token_ids, out.num_emitted
+        token_ids, accepted = pipeline.run_logits(
+            flat,
+            drafts.reshape(-1),
+            plan,
+            backend=self.backend,
+            method=self.method,
+            draft_probs=None if probs is None else probs.reshape(size * (slots - 1), vocab),
+        )
+        return token_ids, accepted + 1
 
     def _commit(
         self, new: torch.Tensor, emitted: torch.Tensor

@@ -4,6 +4,16 @@ The run loads a target and a draft model (or prompt lookup) from local directori
 the text of the first sequence (batch 1) or reports progress on stderr, prints the run's
 statistics and, with ``--compare``, the wall-clock speedup over target-only decoding.
 
+With ``--input prompts.jsonl --output out.jsonl`` it decodes every prompt of a JSONL file
+instead (per-prompt parameters, the command-line options as defaults; see
+:mod:`specsample.generate.jsonl`), ``--batch-size`` of them at a time (default 8), appends
+one result line per prompt as soon as it finishes, shows a progress bar on stderr, and
+resumes an interrupted run: prompts already in the output are skipped.
+
+The draft length is adaptive by default: each step drafts between 0 and ``k`` tokens, as the
+acceptance and step times seen so far suggest (exact either way); ``--fixed-k`` always
+drafts ``k``.
+
 Every option that sizes the work is bounded (``--help`` states each bound): ``-k`` by
 :data:`specsample.generate.MAX_K`, ``--max-new-tokens`` by
 :data:`specsample.generate.MAX_NEW_TOKENS` (and the target's context), ``--batch-size`` by
@@ -22,14 +32,18 @@ from typing import Any
 
 from specsample import models
 from specsample.bench.command import MAX_THREADS, int_in_range
-from specsample.generate import hf
-from specsample.generate.inputs import MAX_NEW_TOKENS
+from specsample.generate import hf, jsonl
+from specsample.generate.inputs import MAX_NEW_TOKENS, eos_ids
 from specsample.generate.loop import MAX_K, speculative_generate, target_generate
 from specsample.generate.ngram import NGramDrafter
 from specsample.methods import METHODS, chain_methods
 
 MAX_BATCH_SIZE = 1024
-"""Most copies of the prompt ``--batch-size`` may ask for."""
+"""Most copies of the prompt (or, with ``--input``, sequences at once) ``--batch-size`` may
+ask for."""
+
+FILE_BATCH_SIZE = 8
+"""Sequences decoded at once with ``--input`` when ``--batch-size`` is not given."""
 
 STEP_VALUES = 1 << 24
 """Most logits one step holds: the copies are decoded
@@ -44,8 +58,8 @@ def add_arguments(generate: argparse.ArgumentParser) -> None:
     >>> parser = argparse.ArgumentParser()
     >>> add_arguments(parser)
     >>> args = parser.parse_args(["def f():", "--ngram", "-k", "8"])
-    >>> args.k, args.batch_size, args.max_new_tokens
-    (8, 1, 128)
+    >>> args.k, args.fixed_k, args.max_new_tokens, batch_size(args)
+    (8, False, 128, 1)
     """
     _add_drafting_arguments(generate)
     _add_sampling_arguments(generate)
@@ -56,6 +70,22 @@ def add_arguments(generate: argparse.ArgumentParser) -> None:
     )
     generate.add_argument(
         "--plot", metavar="FILE.png", help="save a bar chart of acceptance by position"
+    )
+    generate.add_argument(
+        "--input",
+        metavar="FILE.jsonl",
+        help="generate for every prompt of a JSONL file instead of PROMPT: one object per "
+        'line, {"prompt": str, "id": str or int (default: the line number), and optionally '
+        '"max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed"} (missing fields '
+        "take the command-line values; a line without a seed gets SEED + its index); needs "
+        "--output",
+    )
+    generate.add_argument(
+        "--output",
+        metavar="FILE.jsonl",
+        help="with --input: append one JSON line per finished prompt (id, line, prompt, "
+        "completion, completion_tokens, finish_reason); prompts whose id it already holds "
+        "are skipped, so an interrupted run resumes",
     )
     generate.add_argument(
         "--threads",
@@ -69,7 +99,10 @@ def add_arguments(generate: argparse.ArgumentParser) -> None:
 def _add_drafting_arguments(generate: argparse.ArgumentParser) -> None:
     """The prompt, the models, the drafts per step and the verification rule."""
     generate.add_argument(
-        "prompt", help="the prompt text (its tokens must leave room in the target's context)"
+        "prompt",
+        nargs="?",
+        help="the prompt text (its tokens must leave room in the target's context); or pass "
+        "--input",
     )
     generate.add_argument("--target", metavar="DIR", help="target model directory")
     generate.add_argument("--draft", metavar="DIR", help="draft model directory")
@@ -80,13 +113,14 @@ def _add_drafting_arguments(generate: argparse.ArgumentParser) -> None:
         "-k",
         type=int_in_range(1, MAX_K),
         default=4,
-        help=f"drafts per step (default 4, at most {MAX_K} and below the target's context)",
+        help=f"most drafts per step, or with --fixed-k drafts per step (default 4, at most "
+        f"{MAX_K} and below the target's context)",
     )
     generate.add_argument(
-        "--adaptive",
+        "--fixed-k",
         action="store_true",
-        help="choose each step's draft length in 0..k from the acceptance and step times seen "
-        "so far (exact either way; off by default)",
+        help="always draft k tokens (default: choose each step's draft length in 0..k, k "
+        "being the maximum, from the acceptance and step times seen so far; exact either way)",
     )
     exact = chain_methods()
     lossy = [name for name in chain_methods(lossy=True) if name not in exact]
@@ -106,13 +140,15 @@ def _add_sampling_arguments(generate: argparse.ArgumentParser) -> None:
     )
     generate.add_argument("--top-k", type=int, default=0, help="top-k filter (default 0: off)")
     generate.add_argument("--top-p", type=float, default=1.0, help="top-p filter (default 1: off)")
+    generate.add_argument("--min-p", type=float, default=0.0, help="min-p filter (default 0: off)")
     generate.add_argument(
         "--batch-size",
         type=int_in_range(1, MAX_BATCH_SIZE),
-        default=1,
-        help=f"copies of the prompt decoded together (default 1, at most {MAX_BATCH_SIZE}; "
-        f"at most {STEP_VALUES} // ((k + 1) * vocab) of them at a time, so that a step holds "
-        f"at most {STEP_VALUES} logits)",
+        default=None,
+        help=f"copies of the prompt decoded together (default 1), or with --input the "
+        f"sequences decoded at once (default {FILE_BATCH_SIZE}); at most {MAX_BATCH_SIZE}, and "
+        f"at most {STEP_VALUES} // ((k + 1) * vocab) at a time, so that a step holds at most "
+        f"{STEP_VALUES} logits",
     )
     generate.add_argument(
         "--max-new-tokens",
@@ -122,7 +158,11 @@ def _add_sampling_arguments(generate: argparse.ArgumentParser) -> None:
         "target's context ends)",
     )
     generate.add_argument(
-        "--seed", type=int, default=None, help="seed of sequence i is SEED + i (default: unseeded)"
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of sequence i (with --input: of the file's i-th prompt, from 0) is SEED + i "
+        "(default: unseeded)",
     )
 
 
@@ -194,6 +234,7 @@ def _model_dirs(args: argparse.Namespace) -> tuple[Path, Path | None]:
 
 
 def _plot_acceptance(stats: Any, path: str) -> None:
+    """Save a bar chart of the acceptance by draft position to ``path``, and say so."""
     try:
         import matplotlib
 
@@ -214,6 +255,7 @@ def _plot_acceptance(stats: Any, path: str) -> None:
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
+    print(f"acceptance by position saved to {path}")
 
 
 def _prepare_runtime(threads: int | None) -> None:
@@ -249,18 +291,26 @@ def _load_models(target_dir: Path, draft_dir: Path | None) -> tuple[Any, Any, An
     return tokenizer, target, draft
 
 
-def _sampling_options(args: argparse.Namespace, tokenizer: Any, target: Any) -> dict[str, Any]:
-    """Keyword arguments both decoding loops share: sampling, length, EOS and seeds."""
+def _eos_token_id(tokenizer: Any, target: Any) -> Any:
+    """The tokenizer's end-of-sequence id, else the target's generation config's."""
     eos = tokenizer.eos_token_id
     if eos is None:
         eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
+    return eos
+
+
+def _sampling_options(
+    args: argparse.Namespace, tokenizer: Any, target: Any, count: int
+) -> dict[str, Any]:
+    """Keyword arguments both decoding loops share for ``count`` copies of the prompt."""
     return {
         "temperature": args.temperature,
         "top_k": args.top_k,
         "top_p": args.top_p,
+        "min_p": args.min_p,
         "max_new_tokens": args.max_new_tokens,
-        "eos_token_id": eos,
-        "seeds": None if args.seed is None else [args.seed + i for i in range(args.batch_size)],
+        "eos_token_id": _eos_token_id(tokenizer, target),
+        "seeds": None if args.seed is None else [args.seed + i for i in range(count)],
     }
 
 
@@ -288,6 +338,11 @@ def _print_sequences(
         for i, ids in enumerate(output.sequences):
             print(f"[{i}] {tokenizer.decode(prompt_ids + ids, skip_special_tokens=True)}")
         print()
+    _print_stats(output, method)
+
+
+def _print_stats(output: Any, method: str) -> None:
+    """The run's statistics, and a note when the rule is lossy."""
     print(output.stats.format_table())
     if not METHODS[method].exact:
         print(f"note: {method} acceptance is lossy; this output is not a sample of the target")
@@ -303,6 +358,38 @@ def _print_speedup(output: Any, baseline: Any) -> None:
         f"target-only -> {output.stats.tokens_per_s:.1f} tokens/s speculative; tokens per "
         "second, since sampled runs may stop at EOS after different lengths)"
     )
+
+
+def batch_size(args: argparse.Namespace) -> int:
+    """``--batch-size``, or its default: 1, or :data:`FILE_BATCH_SIZE` with ``--input``.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Options parsed by a parser :func:`add_arguments` configured.
+
+    Returns
+    -------
+    int
+        Copies of the prompt, or with ``--input`` sequences decoded at once.
+    """
+    if args.batch_size is not None:
+        return int(args.batch_size)
+    return FILE_BATCH_SIZE if args.input is not None else 1
+
+
+def _check_sources(args: argparse.Namespace) -> None:
+    """Refuse a prompt together with ``--input`` (or neither), and unpaired file options."""
+    if args.input is not None and args.prompt is not None:
+        raise ValueError("pass a prompt or --input FILE.jsonl, not both")
+    if args.input is None and args.prompt is None:
+        raise ValueError("pass a prompt, or --input FILE.jsonl with --output FILE.jsonl")
+    if args.output is not None and args.input is None:
+        raise ValueError("--output needs --input FILE.jsonl")
+    if args.input is not None and args.output is None:
+        raise ValueError("--input needs --output FILE.jsonl (where the results are appended)")
+    if args.input is not None and args.compare:
+        raise ValueError("--compare is not supported with --input")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -321,11 +408,18 @@ def run_from_args(args: argparse.Namespace) -> int:
     Raises
     ------
     ValueError
-        An empty prompt, missing or mismatched models, a prompt that fills the context, or
-        any argument :func:`specsample.generate.speculative_generate` refuses.
+        Neither or both of a prompt and ``--input``, ``--input`` without ``--output`` (or
+        the reverse), ``--compare`` with ``--input``; an empty prompt, a bad line of the
+        input file (``"{path}:{line}: "``, nothing written), a malformed output file, missing
+        or mismatched models, a prompt that fills the context, or any argument
+        :func:`specsample.generate.speculative_generate` refuses.
     ImportError
-        transformers (or, for ``--plot``, matplotlib) is not installed.
+        transformers (or, for ``--plot``, matplotlib; for ``--input``, tqdm) is not
+        installed.
     """
+    _check_sources(args)
+    if args.input is not None:
+        return _run_file(args)
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
     target_dir, draft_dir = _model_dirs(args)
@@ -334,19 +428,20 @@ def run_from_args(args: argparse.Namespace) -> int:
     prompt_ids = tokenizer.encode(args.prompt)
     if not prompt_ids:
         raise ValueError("the prompt is empty once tokenized")
-    common = _sampling_options(args, tokenizer, target)
+    copies = batch_size(args)
+    common = _sampling_options(args, tokenizer, target, copies)
     common["max_batch_size"] = _step_batch(args.k, target)
-    prompts = [prompt_ids] * args.batch_size
+    prompts = [prompt_ids] * copies
     if args.compare:
         _warm_up(args, target, drafter, prompt_ids, common)
-    stream = _Stream(tokenizer, prompt_ids) if args.batch_size == 1 else None
+    stream = _Stream(tokenizer, prompt_ids) if copies == 1 else None
     output = speculative_generate(
         target,
         prompts,
         drafter,
         k=args.k,
         method=args.method,
-        adaptive=args.adaptive,
+        adaptive=not args.fixed_k,
         on_tokens=stream,
         on_progress=None if stream is not None else _Progress("speculative"),
         **common,
@@ -357,5 +452,122 @@ def run_from_args(args: argparse.Namespace) -> int:
         _print_speedup(output, baseline)
     if args.plot:
         _plot_acceptance(output.stats, args.plot)
-        print(f"acceptance by position saved to {args.plot}")
+    return 0
+
+
+class _FileProgress:
+    """A tqdm bar over the prompts to do, advanced as each finishes, showing tokens/s."""
+
+    def __init__(self, bar: Any, every: float = 0.5) -> None:
+        self.bar = bar
+        self.every = every
+        self.start = time.perf_counter()
+        self.last = self.start
+
+    def __call__(self, finished: int, total: int, tokens: int) -> None:
+        now = time.perf_counter()
+        if now - self.last < self.every:
+            return
+        self.last = now
+        self.bar.set_postfix_str(f"{tokens / (now - self.start):.1f} tokens/s")
+
+
+def _file_requests(args: argparse.Namespace) -> tuple[list[jsonl.Request], jsonl.Resume]:
+    """Every prompt of ``--input`` (all validated), and what ``--output`` already holds."""
+    source, destination = Path(args.input), Path(args.output)
+    if destination.exists() and destination.resolve() == source.resolve():
+        raise ValueError("--output must be another file than --input")
+    defaults = {name: getattr(args, name) for name in jsonl.PARAMETERS}
+    requests = jsonl.read_requests(source, defaults)
+    return requests, jsonl.read_results(destination)
+
+
+def _encode_requests(
+    requests: list[jsonl.Request], tokenizer: Any, target: Any, source: str
+) -> list[list[int]]:
+    """The token ids of every prompt, refusing (by line) one that is empty or fills the context."""
+    context = getattr(getattr(target, "config", None), "max_position_embeddings", None)
+    prompts = []
+    for request in requests:
+        ids = tokenizer.encode(request.prompt)
+        if not ids:
+            raise ValueError(f"{source}:{request.line}: prompt is empty once tokenized")
+        if context is not None and len(ids) >= context:
+            raise ValueError(
+                f"{source}:{request.line}: prompt has {len(ids)} tokens but the target's "
+                f"context is {context} positions: nothing can be generated"
+            )
+        prompts.append(ids)
+    return prompts
+
+
+def _import_tqdm() -> Any:
+    """The ``tqdm`` progress bar class, or an ``ImportError`` saying how to install it."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        raise ImportError(
+            "--input needs tqdm; install it with: pip install 'specsample[hf]'"
+        ) from None
+    return tqdm
+
+
+def _run_file(args: argparse.Namespace) -> int:
+    """Decode every prompt of ``--input`` not yet in ``--output``, appending each result."""
+    requests, resume = _file_requests(args)
+    if resume.dropped_line is not None:
+        print(
+            f"{args.output}: line {resume.dropped_line} was cut short by an interrupted write; "
+            "dropping it",
+            file=sys.stderr,
+        )
+    todo = [request for request in requests if request.id not in resume.done]
+    if len(todo) < len(requests):
+        print(
+            f"{args.output}: skipping {len(requests) - len(todo)} of {len(requests)} prompts "
+            "already done",
+            file=sys.stderr,
+        )
+    if not todo:
+        print(f"all {len(requests)} prompts of {args.input} are already in {args.output}")
+        return 0
+    target_dir, draft_dir = _model_dirs(args)
+    _prepare_runtime(args.threads)
+    tqdm = _import_tqdm()
+    tokenizer, target, drafter = _load_models(target_dir, draft_dir)
+    prompts = _encode_requests(todo, tokenizer, target, args.input)
+    eos = _eos_token_id(tokenizer, target)
+    ends = set(eos_ids(eos))
+    with (
+        jsonl.ResultWriter(args.output, resume.keep_bytes) as writer,
+        tqdm(total=len(todo), unit="prompt", file=sys.stderr) as bar,
+    ):
+
+        def on_finish(index: int, token_ids: list[int]) -> None:
+            text = tokenizer.decode(token_ids, skip_special_tokens=True)
+            writer.write(todo[index], text, token_ids, jsonl.finish_reason(token_ids, ends))
+            bar.update(1)
+
+        output = speculative_generate(
+            target,
+            prompts,
+            drafter,
+            k=args.k,
+            method=args.method,
+            adaptive=not args.fixed_k,
+            temperature=[request.temperature for request in todo],
+            top_k=[request.top_k for request in todo],
+            top_p=[request.top_p for request in todo],
+            min_p=[request.min_p for request in todo],
+            max_new_tokens=[request.max_new_tokens for request in todo],
+            eos_token_id=eos,
+            seeds=[request.seed for request in todo],
+            max_batch_size=min(batch_size(args), _step_batch(args.k, target)),
+            on_progress=_FileProgress(bar),
+            on_finish=on_finish,
+        )
+    print(f"wrote {writer.written} results to {args.output}\n")
+    _print_stats(output, args.method)
+    if args.plot:
+        _plot_acceptance(output.stats, args.plot)
     return 0

@@ -161,6 +161,8 @@ class SamplingState:
         Every sequence decodes greedily (no distribution and no random number is needed).
     seeding : specsample.random.Seeding
         Where each sequence's random numbers come from.
+    metadata : specsample.metadata.SamplingMetadata
+        The parameters as the verification pipeline takes them, built once for the batch.
 
     Examples
     --------
@@ -183,6 +185,14 @@ class SamplingState:
         greedy = values.temperature < GREEDY_BELOW
         self.all_greedy = bool(greedy.all())
         self.seeding = Seeding.build(self.batch, device, seeds=seeds, generator=generator)
+        self.metadata = SamplingMetadata.build(
+            self.batch,
+            device,
+            temperature=values.temperature,
+            top_k=values.top_k,
+            top_p=values.top_p,
+            min_p=values.min_p,
+        )
         self._temperature = values.temperature.masked_fill(greedy, 0.0).to(device)
         self._filters = {
             name: None if bool((value == _OFF[name]).all()) else value.to(device)
@@ -218,14 +228,6 @@ class SamplingState:
     def batch(self) -> int:
         """Number of active sequences."""
         return int(self.values.temperature.shape[0])
-
-    def verify_kwargs(self) -> dict[str, object]:
-        """The sampling arguments of :func:`specsample.verify` for the current batch."""
-        return {
-            **self.values._asdict(),
-            "seeds": self.seeding.seeds,
-            "generator": self.generator,
-        }
 
     def draft_uniforms(self, positions: torch.Tensor, k: int) -> torch.Tensor:
         """``[batch, k]`` float64 uniforms of a step's draft samples.
