@@ -189,22 +189,23 @@ class _Batch:
 
     def step(self, results: list[list[int]]) -> None:
         """Draft, score, verify and commit one step of every active sequence."""
-        k = self.policy.choose() if self.policy is not None else self.run.k
+        asked = self.policy.choose() if self.policy is not None else self.run.k
         started = time.perf_counter()
-        drafts, probs = self._propose(k)
+        drafts, probs = self._propose(asked)
+        k = drafts.shape[1]
         drafted = self._clock()
         logits = self._score(drafts)
         scored = self._clock()
         new, emitted = self._verify(logits, drafts, probs)
         take, finished = self._commit(new, emitted)
-        any_finished, accepted = self._synchronise(take, finished, emitted)
+        any_finished, accepted = self._synchronise(take, finished, emitted, new.shape[1])
         for j in range(k):
             self.offered[j] += self.state.batch
         if self.policy is not None:
             self.policy.record(k, accepted, scored - drafted, drafted - started)
         if self.run.on_tokens is not None:
             _stream(self.run.on_tokens, self.rows, take, new)
-        if self.run.drafter is not None and k:
+        if self.run.drafter is not None and asked:
             self.run.drafter.update(emitted - 1, self.state)
         elif self.run.drafter is not None:
             self.run.drafter.skip(self.state)
@@ -225,7 +226,8 @@ class _Batch:
         if drafter is None or not k:
             device = self.state.tokens.device
             return torch.zeros(self.state.batch, 0, dtype=torch.int64, device=device), None
-        proposal = drafter.propose(self.state, k, self.sampling)
+        may_stop = self.policy is not None and self.method == "chain"
+        proposal = drafter.propose(self.state, k, self.sampling, may_stop)
         return proposal.token_ids, proposal.probs
 
     def _score(self, drafts: torch.Tensor) -> torch.Tensor:
@@ -290,18 +292,20 @@ class _Batch:
         return take, finished
 
     def _synchronise(
-        self, take: torch.Tensor, finished: torch.Tensor, emitted: torch.Tensor
+        self, take: torch.Tensor, finished: torch.Tensor, emitted: torch.Tensor, slots: int
     ) -> tuple[bool, list[int]]:
         """The step's one host transfer: update the counters; whether any sequence finished.
 
-        Also returns each sequence's accepted drafts when the policy needs them.
+        Also returns each sequence's accepted drafts when the policy needs them, and drops
+        the target's slots of the step (``slots`` of them) that no sequence kept.
         """
         summary = torch.stack(
-            [finished.any().to(torch.int64), self.state.lengths.max(), take.sum()]
+            [finished.any().to(torch.int64), self.state.lengths.max(), take.sum(), emitted.max()]
         )
         if self.policy is not None:
             summary = torch.cat([summary, emitted - 1])
-        any_finished, longest, step_tokens, *accepted = summary.tolist()
+        any_finished, longest, step_tokens, most, *accepted = summary.tolist()
+        self.run.lm.drop_tail(slots - most)
         self.steps += 1
         self.forwards += len(self.rows)
         self.generated += step_tokens

@@ -73,8 +73,16 @@ class Drafter(Protocol):
     def join(self, prefill: Prefill, state: DecodeState) -> None:
         """Sequences were appended to ``state`` (its last rows); ``prefill`` holds their prompts."""
 
-    def propose(self, state: DecodeState, k: int, sampling: SamplingState) -> Proposal:
-        """Propose ``k`` tokens for every active sequence (``[batch, k]``)."""
+    def propose(
+        self, state: DecodeState, k: int, sampling: SamplingState, may_stop: bool = False
+    ) -> Proposal:
+        """Propose up to ``k`` tokens for every active sequence (``[batch, m]``, ``m <= k``).
+
+        With ``may_stop`` the drafter may stop before ``k`` (even at 0) when it expects its
+        next draft to be rejected, judging from what it drafted so far (never from the draft
+        it would add, so the length is a stopping time of the drafts and verification stays
+        exact); otherwise it proposes exactly ``k``.
+        """
         ...
 
     def update(self, num_accepted: torch.Tensor, state: DecodeState) -> None:
@@ -98,6 +106,16 @@ def _fit(logits: torch.Tensor, vocab: int) -> torch.Tensor:
     if width > vocab:
         return logits[:, :vocab]
     return torch.nn.functional.pad(logits, (0, vocab - width), value=-torch.inf)
+
+
+def _unsure(logits: torch.Tensor, probs: torch.Tensor | None, j: int, threshold: float) -> bool:
+    """Whether no sequence's next distribution puts ``threshold`` on one token.
+
+    ``probs[:, j]`` is the processed distribution when sampling; greedy batches judge the
+    softmax of the raw ``logits`` (``[batch, vocab]``). One host synchronisation.
+    """
+    dist = probs[:, j] if probs is not None else torch.softmax(logits.float(), dim=-1)
+    return bool(dist.amax(dim=-1).max() < threshold)
 
 
 class ModelDrafter:
@@ -124,17 +142,28 @@ class ModelDrafter:
         target's, never smaller; extra logits are dropped), whose forward honours an
         attention mask and explicit position ids together with a cache (see
         :func:`specsample.generate.hf.check_masked_cache`).
+    stop_below : float
+        With adaptive draft lengths, stop drafting when no sequence's next draft
+        distribution puts this much probability on one token (default 0: never; a weak
+        draft model is often right with a flat distribution, so its confidence says little).
     """
 
     samples = True
 
-    def __init__(self, model: object) -> None:
+    def __init__(self, model: object, stop_below: float = 0.0) -> None:
         from specsample.generate.hf import CachedLM
+
+        if isinstance(stop_below, bool) or not isinstance(stop_below, (int, float)):
+            raise TypeError(f"stop_below must be a number, got {type(stop_below).__name__}")
+        if not 0.0 <= stop_below <= 1.0:
+            raise ValueError(f"stop_below must be in [0, 1], got {stop_below}")
+        self.stop_below = float(stop_below)
 
         self.lm: CachedLM = CachedLM(model, role="draft")
         self.name = f"model ({self.lm.describe()})"
         self._k = 0
         self._lag = 0
+        self._stopped = False
         self._lags = torch.zeros(0, dtype=torch.int64)
         self._pending = torch.zeros(0, dtype=torch.bool)
         self._pending_token = torch.zeros(0, dtype=torch.int64)
@@ -185,11 +214,18 @@ class ModelDrafter:
         self._lags.zero_()
         return self.lm.forward(ids, positions, valid=valid)[:, -1]
 
-    def propose(self, state: DecodeState, k: int, sampling: SamplingState) -> Proposal:
-        """Sample ``k`` drafts per sequence (``[batch, k]``) and their distributions.
+    def propose(
+        self, state: DecodeState, k: int, sampling: SamplingState, may_stop: bool = False
+    ) -> Proposal:
+        """Sample up to ``k`` drafts per sequence (``[batch, m]``) and their distributions.
 
-        The distributions (``[batch, k, vocab]`` float32) are ``None`` in an all-greedy batch,
-        whose drafts are the argmaxes.
+        The distributions (``[batch, m, vocab]`` float32) are ``None`` in an all-greedy batch,
+        whose drafts are the argmaxes. With ``may_stop`` and a ``stop_below`` threshold,
+        drafting stops before draft ``j`` when, in every sequence, the largest probability
+        of the distribution it would be drawn from is below ``stop_below`` (as
+        ``transformers``' assistant confidence threshold, but judged before the draft is
+        drawn: the length depends on the drafts before ``j`` only, so verification stays
+        exact).
         """
         batch, vocab = state.batch, state.vocab_size
         device = state.tokens.device
@@ -204,23 +240,37 @@ class ModelDrafter:
                 step = (state.lengths - 1 + j).unsqueeze(1)
                 logits = self.lm.forward(drafts[:, j - 1 : j], step)[:, -1]
             logits = _fit(logits, vocab)
+            if probs is not None:
+                probs[:, j] = sampling.probs(logits)
+            if may_stop and self.stop_below > 0.0 and _unsure(logits, probs, j, self.stop_below):
+                drafts, probs = drafts[:, :j], None if probs is None else probs[:, :j]
+                break
             if probs is None or uniforms is None:
                 drafts[:, j] = logits.argmax(dim=-1)
                 continue
-            probs[:, j] = sampling.probs(logits)
             drafts[:, j] = inverse_cdf(probs[:, j], uniforms[:, j])[0]
-        self._k = k
+        self._k = drafts.shape[1]
+        self._stopped = self._k < k
         self._drafts = drafts
         return Proposal(drafts, probs)
 
     def update(self, num_accepted: torch.Tensor, state: DecodeState) -> None:
-        """Mask the slots of rejected drafts; remember the last draft when all were accepted."""
+        """Mask the slots of rejected drafts; remember the last draft when all were accepted.
+
+        When drafting stopped early, the last draft was fed already (its forward judged the
+        next one), so it is masked or kept like the others and nothing is pending.
+        """
         k = self._k
-        if k > 1:
-            cols = torch.arange(1, k, device=num_accepted.device)
+        fed = self._stopped
+        tail = k if fed else k - 1
+        if tail > 0:
+            cols = torch.arange(1, tail + 1, device=num_accepted.device)
             self.lm.set_tail_valid(cols <= num_accepted.unsqueeze(1))
-        self._pending = num_accepted == k
-        self._pending_token = self._drafts[:, -1]
+        if fed:
+            self._pending = torch.zeros_like(self._pending)
+        else:
+            self._pending = num_accepted == k
+            self._pending_token = self._drafts[:, -1]
         self.lm.maybe_compact(state.max_length)
 
     def skip(self, state: DecodeState) -> None:

@@ -246,6 +246,22 @@ class CachedLM:
         n = valid.shape[1]
         self._mask[:, self.width - n : self.width].copy_(valid)
 
+    def drop_tail(self, n: int) -> None:
+        """Drop the last ``n`` slots (masked in every row: rejected drafts of every row).
+
+        At batch 1 every rejected draft goes this way, so the mask stays all ones and the
+        model may skip building an attention mask. Caches of unknown layout keep the slots
+        (masked).
+        """
+        if n <= 0 or self.cache is None:
+            return
+        tensors = self._tensors()
+        if tensors is None:
+            return
+        self._replace([tensor[:, :, : self.width - n] for tensor in tensors])
+        self._mask[:, self.width - n : self.width] = 0
+        self.width -= n
+
     def select(self, index: torch.Tensor) -> None:
         """Keep the rows at ``index`` (``[kept]`` int64), in that order."""
         if self.cache is not None and self.width:

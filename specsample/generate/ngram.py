@@ -66,8 +66,18 @@ class NGramDrafter:
     def join(self, prefill: Prefill, state: DecodeState) -> None:
         """Nothing to prepare: the drafter reads the committed tokens."""
 
-    def propose(self, state: DecodeState, k: int, sampling: SamplingState | None) -> Proposal:
-        """Propose ``k`` tokens per sequence from its own history (``[batch, k]``, one-hot)."""
+    def propose(
+        self,
+        state: DecodeState,
+        k: int,
+        sampling: SamplingState | None,
+        may_stop: bool = False,
+    ) -> Proposal:
+        """Propose ``k`` tokens per sequence from its own history (``[batch, k]``, one-hot).
+
+        With ``may_stop``, nothing (``[batch, 0]``) when no sequence found a match (one host
+        synchronisation): the step is then a plain decoding step.
+        """
         width = min(self.window, state.max_length)
         cols = torch.arange(width, device=state.tokens.device)
         offset = (state.lengths - width).clamp_(min=0)
@@ -85,6 +95,8 @@ class NGramDrafter:
             found = latest >= 0
             best = torch.where(found, latest + n, best)
             period = torch.where(found, lengths - n - latest, period)
+        if may_stop and not bool((best >= 0).any()):
+            k = 0
         steps = torch.arange(k, device=tokens.device)
         follow = best.unsqueeze(1) + steps % period.clamp(min=1).unsqueeze(1)
         last = (lengths - 1).unsqueeze(1).expand(-1, k)

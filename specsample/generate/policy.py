@@ -42,6 +42,10 @@ HISTORY_DECAY = 0.95
 TIME_DECAY = 0.7
 """Weight of the past in the timing averages (per observation)."""
 
+MARGIN = 0.05
+"""A shorter draft length is chosen over ``k_max`` only if it is expected to be this much faster
+(noisy timings and acceptance averages would otherwise make it drift away from ``k_max``)."""
+
 
 class AcceptanceTracker:
     """Per-sequence, per-position acceptance averages ``a [batch][k_max]`` (host floats).
@@ -180,7 +184,8 @@ class DraftLengthPolicy:
 
         Until some batch size has timings at both ends, the first steps explore them
         (``k_max``, then 0, a plain step that is progress too); after that, the best ratio
-        of expected tokens to expected time.
+        of expected tokens to expected time (``k_max`` unless another length is
+        :data:`MARGIN` better).
         """
         if self.k_max == 0:
             return 0
@@ -191,13 +196,12 @@ class DraftLengthPolicy:
             explored = own is not None and self.k_max + 1 in own.target and own.draft is not None
             return 0 if explored else self.k_max
         draft = cost.draft or 0.0
-        best, best_rate = 0, -1.0
-        for m in range(self.k_max + 1):
-            seconds = cost.target_time(m + 1) + m * draft
-            rate = self.acceptance.expected_tokens(m) / max(seconds, 1e-12)
-            if rate > best_rate:
-                best, best_rate = m, rate
-        return best
+        rates = [
+            self.acceptance.expected_tokens(m) / max(cost.target_time(m + 1) + m * draft, 1e-12)
+            for m in range(self.k_max + 1)
+        ]
+        best = max(range(self.k_max + 1), key=rates.__getitem__)
+        return best if rates[best] > (1.0 + MARGIN) * rates[self.k_max] else self.k_max
 
     def record(
         self,
