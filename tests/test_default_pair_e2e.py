@@ -8,8 +8,12 @@
   its other ``x2``, and one pooled cell for every other ``x1``. Each test fails a correct
   sampler with probability ``ALPHA`` = 1e-5 (2e-5 for the two); the smallest total-variation
   deviation of the joint that each detects with probability 0.99 is printed and asserted to be
-  below ``MAX_DETECTABLE_TV``. The same test, on a quarter of the rows, rejects Medusa's
-  typical acceptance (lossy) with p < 1e-5.
+  below ``MAX_DETECTABLE_TV``. The runs use the defaults, adaptive draft lengths and
+  continuous batching: the rows get budgets of 2, 3 or 4 tokens, so they finish at different
+  steps and new rows join batches whose other rows are mid-sequence; only the first two
+  tokens are counted, so the law they follow must not depend on who shares the batch. The
+  same test, on a quarter of the rows, rejects Medusa's typical acceptance (lossy) with
+  p < 1e-5.
 * Temperature 0: speculative output equals target-only greedy output token for token, and
   both equal ``transformers``' own greedy ``generate``. The models run in float64 here, so
   that no near-tie between two logits can flip an argmax between the different batch shapes
@@ -111,6 +115,7 @@ def chi_square(sequences: list[list[int]], joint: torch.Tensor) -> tuple[float, 
 @pytest.mark.parametrize("method", ["chain", "block"])
 def test_first_two_tokens_follow_the_target(shipped: dict[str, Any], method: str) -> None:
     prompt = shipped["tokenizer"].encode(PROMPT)
+    budgets = [2 + i % 3 for i in range(ROWS)]
     out = speculative_generate(
         shipped["target"],
         [prompt] * ROWS,
@@ -118,11 +123,11 @@ def test_first_two_tokens_follow_the_target(shipped: dict[str, Any], method: str
         k=K,
         method=method,
         temperature=1.0,
-        max_new_tokens=2,
+        max_new_tokens=budgets,
         seeds=list(range(ROWS)),
         max_batch_size=BATCH,
     )
-    assert all(len(s) == 2 for s in out.sequences)
+    assert [len(s) for s in out.sequences] == budgets
     assert 0.0 < out.stats.acceptance_rate < 1.0
     assert out.stats.accepted_counts[0] > 0, "no step rejected its first draft"
     pvalue, df = chi_square(out.sequences, exact_joint(shipped["target"], prompt))
@@ -161,19 +166,33 @@ def shipped64(dirs: tuple[Any, Any], shipped: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("method", "k", "adaptive"),
-    [("chain", 4, False), ("block", 4, False), ("chain", 7, False), ("chain", 4, True)],
+    ("method", "k", "adaptive", "batch"),
+    [
+        ("chain", 4, False, None),
+        ("block", 4, False, None),
+        ("chain", 7, False, None),
+        ("chain", 4, True, None),
+        ("chain", 4, True, 2),
+    ],
 )
 def test_greedy_equals_target_greedy(
-    shipped64: dict[str, Any], method: str, k: int, adaptive: bool
+    shipped64: dict[str, Any], method: str, k: int, adaptive: bool, batch: int | None
 ) -> None:
-    """Greedy speculative output equals target greedy, fixed or adaptive draft lengths."""
+    """Greedy speculative output equals target greedy: fixed or adaptive draft lengths, and
+    with continuous batching (two places for three prompts)."""
     tokenizer = shipped64["tokenizer"]
     prompts = [tokenizer.encode(p) for p in GREEDY_PROMPTS]
     target, draft = shipped64["target"], shipped64["draft"]
     expected = target_generate(target, prompts, max_new_tokens=GREEDY_TOKENS).sequences
     out = speculative_generate(
-        target, prompts, draft, k=k, method=method, max_new_tokens=GREEDY_TOKENS, adaptive=adaptive
+        target,
+        prompts,
+        draft,
+        k=k,
+        method=method,
+        max_new_tokens=GREEDY_TOKENS,
+        adaptive=adaptive,
+        max_batch_size=batch,
     )
     assert out.sequences == expected
     assert out.stats.tokens_per_forward > 1.5
