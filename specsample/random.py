@@ -30,7 +30,7 @@ from __future__ import annotations
 import enum
 import numbers
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -77,9 +77,14 @@ STEP_STRIDE = 1 << 8
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """``(x * c) mod 2**32`` for int64 ``x`` in ``[0, 2**32)``, never overflowing int64."""
-    lo, hi = c & 0xFFFF, c >> 16
-    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _MASK32
+    """``(x * c) mod 2**32`` for int64 ``x`` in ``[0, 2**32)``, never overflowing int64.
+
+    ``c`` is taken as the signed 32-bit integer with the same low bits (``c - 2**32`` when
+    ``c >= 2**31``), which changes nothing modulo ``2**32`` and keeps ``|x * c| < 2**63``;
+    the mask then reads the two's-complement low bits.
+    """
+    signed = c - (1 << 32) if c >= 1 << 31 else c
+    return (x * signed) & _MASK32
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -91,8 +96,35 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+def stream_key(seeds: torch.Tensor, stream: Stream | int = Stream.ACCEPT) -> torch.Tensor:
+    """``[batch]`` int64 the key of each seed's ``stream``: what :func:`counter_uniform` hashes.
+
+    A row's key depends only on its seed and the stream, so a caller drawing many steps of
+    the same rows may compute it once and pass it to :func:`counter_uniform`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> seeds, counters = torch.tensor([7, 8]), torch.arange(3).expand(2, 3)
+    >>> key = stream_key(seeds, Stream.FINAL)
+    >>> bool(torch.equal(counter_uniform(seeds, counters, Stream.FINAL, key=key),
+    ...                  counter_uniform(seeds, counters, Stream.FINAL)))
+    True
+    """
+    if isinstance(stream, bool) or stream not in _STREAM_KEYS:
+        raise ValueError(f"stream must be one of {[int(s) for s in Stream]}, got {stream}")
+    seeds = seeds.to(torch.int64)
+    return _mix32(
+        _mix32((seeds & _MASK32) ^ _STREAM_KEYS[Stream(stream)]) ^ ((seeds >> 32) & _MASK32)
+    )
+
+
 def counter_uniform(
-    seeds: torch.Tensor, counters: torch.Tensor, stream: Stream | int = Stream.ACCEPT
+    seeds: torch.Tensor,
+    counters: torch.Tensor,
+    stream: Stream | int = Stream.ACCEPT,
+    *,
+    key: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Uniforms in ``[0, 1)`` that are a pure function of ``(seed, stream, counter)``.
 
@@ -104,6 +136,8 @@ def counter_uniform(
         ``[batch, n]`` non-negative integer tensor, on the device of ``seeds``.
     stream : Stream
         Which stream to read (one per consumer, see :class:`Stream`).
+    key : torch.Tensor, optional
+        ``[batch]`` int64 ``stream_key(seeds, stream)``, when the caller has it already.
 
     Returns
     -------
@@ -118,13 +152,9 @@ def counter_uniform(
     >>> bool((u[0] == u[1]).all()), bool((u[0] == u[2]).any())
     (True, False)
     """
-    if isinstance(stream, bool) or stream not in _STREAM_KEYS:
-        raise ValueError(f"stream must be one of {[int(s) for s in Stream]}, got {stream}")
-    seeds = seeds.to(torch.int64)
+    if key is None:
+        key = stream_key(seeds, stream)
     counters = counters.to(torch.int64)
-    key = _mix32(
-        _mix32((seeds & _MASK32) ^ _STREAM_KEYS[Stream(stream)]) ^ ((seeds >> 32) & _MASK32)
-    )
     inner = _mix32(((counters >> 32) & _MASK32) ^ 0x9E3779B9)
     h = _mix32(key.unsqueeze(-1) ^ _mix32((counters & _MASK32) ^ inner))
     return h.to(torch.float64) * (1.0 / 4294967296.0)
@@ -192,6 +222,9 @@ class Seeding:
     generators: tuple[tuple[int, torch.Generator], ...]
     shared_rows: torch.Tensor | None
     generator: torch.Generator | None
+    _keys: dict[Stream, torch.Tensor] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @staticmethod
     def build(
@@ -265,10 +298,28 @@ class Seeding:
         the shared one, all columns in one draw.
         """
         out = self._unseeded(sum(c.shape[1] for _, c in parts), device)
-        if self.seeds is None:
+        seeds = self.seeds
+        if seeds is None:
             return out
-        seeded = torch.cat([counter_uniform(self.seeds, c, s) for s, c in parts], dim=1)
-        return torch.where(self.seeds.unsqueeze(-1) >= 0, seeded, out)
+        drawn = [counter_uniform(seeds, c, s, key=self.key(s)) for s, c in parts if c.shape[1]]
+        seeded = drawn[0] if len(drawn) == 1 else torch.cat(drawn, dim=1) if drawn else out
+        return torch.where(seeds.unsqueeze(-1) >= 0, seeded, out)
+
+    def key(self, stream: Stream) -> torch.Tensor:
+        """``[batch]`` :func:`stream_key` of the rows' seeds, computed once per stream.
+
+        Raises
+        ------
+        ValueError
+            No row is counter-seeded.
+        """
+        if self.seeds is None:
+            raise ValueError("no row of this batch is counter-seeded")
+        key = self._keys.get(stream)
+        if key is None:
+            key = stream_key(self.seeds, stream)
+            self._keys[stream] = key
+        return key
 
 
 def stripe(

@@ -106,12 +106,16 @@ def counter_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int
     original = random_module.counter_uniform
 
     def recording(
-        seeds: torch.Tensor, counters: torch.Tensor, stream: Stream | int = Stream.ACCEPT
+        seeds: torch.Tensor,
+        counters: torch.Tensor,
+        stream: Stream | int = Stream.ACCEPT,
+        *,
+        key: torch.Tensor | None = None,
     ) -> torch.Tensor:
         for seed, row in zip(seeds.tolist(), counters.tolist(), strict=True):
             if seed >= 0:
                 log.extend((seed, int(stream), c) for c in row)
-        return original(seeds, counters, stream)
+        return original(seeds, counters, stream, key=key)
 
     monkeypatch.setattr(random_module, "counter_uniform", recording)
     yield log

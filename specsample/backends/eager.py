@@ -22,7 +22,7 @@ from specsample.rules.block import (
     residual_mass_per_position,
 )
 from specsample.rules.chain import VerifyResult, chain_verify, count_accepted, emit
-from specsample.rules.residual import sample_residual
+from specsample.rules.residual import sample_residual, sample_rows
 from specsample.rules.rows import LogitRows, ProbRows
 
 PROB_RULES: dict[str, Callable[..., VerifyResult]] = {"chain": chain_verify, "block": block_verify}
@@ -184,6 +184,8 @@ def verify_logits(
     tuple of torch.Tensor
         ``[batch, max_drafts + 1]`` int64 tokens and ``[batch]`` int64 accepted counts.
     """
+    if not layout.max_drafts:
+        return _plain_step(target_logits, layout, stats, greedy, uniforms, bonus_token_ids)
     rows = target_logits.shape[0]
     drafts = pad_drafts(draft_token_ids, layout, target_logits.shape[-1], rows)
     usable = ~torch.isnan(stats.cutoff[drafts.target_rows])
@@ -201,6 +203,33 @@ def verify_logits(
     if bonus_token_ids is not None:
         final = torch.where(num_accepted == layout.num_drafts, bonus_token_ids, final)
     return emit(drafts.ids, num_accepted, final), num_accepted
+
+
+def _plain_step(
+    target_logits: torch.Tensor,
+    layout: BatchLayout,
+    stats: RowStats,
+    greedy: torch.Tensor,
+    uniforms: torch.Tensor | None,
+    bonus_token_ids: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A step without any draft: each request emits one token from its processed row.
+
+    The chain rule's draw at zero drafts (greedy rows: the argmax; sampled rows: the target
+    row itself by :func:`~specsample.rules.residual.sample_rows`, with the step's final
+    uniform), in far fewer operations: a plain decoding step's cost matters as much as a
+    speculative one's.
+    """
+    if bonus_token_ids is not None:
+        final = bonus_token_ids.to(torch.int64).view(-1)
+    else:
+        rows = layout.target_start.clamp(max=max(target_logits.shape[0] - 1, 0))
+        final = stats.argmax[rows]
+        if uniforms is not None:
+            drawn = sample_rows(LogitRows(target_logits, stats), rows, uniforms[:, -1])
+            final = torch.where(greedy, final, drawn)
+    zeros = torch.zeros(layout.batch, dtype=torch.int64, device=final.device)
+    return final.unsqueeze(-1), zeros
 
 
 def _chain_step(step: Step) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from specsample.random import inverse_cdf
-from specsample.rules.rows import Selection
+from specsample.rules.rows import LogitRows, ProbRows, Selection
 
 BLOCK = 1024
 """Tokens per vocabulary block of the two-level inverse CDF."""
@@ -226,3 +226,47 @@ def sample_residual(
         offset = sub * (BLOCK // _SUB)
     token_in, _ = inverse_cdf(residual, u)
     return (start + offset + token_in).clamp_(min=0, max=vocab - 1)
+
+
+def sample_rows(
+    source: ProbRows | LogitRows, rows: torch.Tensor, uniform: torch.Tensor
+) -> torch.Tensor:
+    """Draw one token per row from the rows ``q`` themselves: a flat inverse CDF.
+
+    Where no draft is involved there is no residual to build, and one prefix sum per row
+    is cheaper than the hierarchy of :func:`sample_residual` (it draws the same token but
+    where the two sums round differently, with probability of the order of float32's
+    epsilon). Rows are taken in chunks, so the float64 prefix sums never hold more than a
+    cache-sized block, whatever the batch.
+
+    Parameters
+    ----------
+    source : ProbRows or LogitRows
+        The rows (processed logits or probabilities).
+    rows : torch.Tensor
+        ``[batch]`` int64 the row of each draw.
+    uniform : torch.Tensor
+        ``[batch]`` float64 uniforms in ``[0, 1)``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[batch]`` int64 token ids in ``[0, vocab)`` (0 for a row without mass).
+
+    Examples
+    --------
+    >>> import torch
+    >>> q = ProbRows(torch.tensor([[0.5, 0.0, 0.5]]))
+    >>> sample_rows(q, torch.tensor([0, 0]), torch.tensor([0.2, 0.7], dtype=torch.float64))
+    tensor([0, 2])
+    """
+    vocab = (source.probs if isinstance(source, ProbRows) else source.logits).shape[-1]
+    budget = _CPU_CHUNK_ELEMENTS if rows.device.type == "cpu" else _DEVICE_CHUNK_ELEMENTS
+    step = max(1, budget // max(vocab, 1))
+    if rows.shape[0] <= step:
+        return inverse_cdf(source.select(rows).chunk(0, vocab), uniform)[0]
+    drawn = [
+        inverse_cdf(source.select(rows[a : a + step]).chunk(0, vocab), uniform[a : a + step])[0]
+        for a in range(0, rows.shape[0], step)
+    ]
+    return torch.cat(drawn)
