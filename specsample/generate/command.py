@@ -1,8 +1,16 @@
 """The ``specsample generate`` command: its options, and the run they describe.
 
-The run loads a target and a draft model (or prompt lookup) from local directories, streams
-the text of the first sequence (batch 1) or reports progress on stderr, prints the run's
-statistics and, with ``--compare``, the wall-clock speedup over target-only decoding.
+The run loads a target and a draft model (or prompt lookup) from local model directories or
+GGUF files (quantized GGUF tensors are dequantized by transformers at load time; see
+:mod:`specsample.generate.loading`), says on stderr what it loaded (parameters, dtype,
+memory), streams the text of the first sequence (batch 1) or reports progress on stderr,
+prints the run's statistics and, with ``--compare``, the wall-clock speedup over target-only
+decoding.
+
+With ``--chat`` each prompt becomes the user message of a conversation (after the
+``--system`` message, if given) laid out by the tokenizer's chat template, and only the reply
+is printed. Generation stops at every end-of-sequence id of the tokenizer and of the
+target's generation config (chat models often list several, such as an end-of-turn token).
 
 With ``--input prompts.jsonl --output out.jsonl`` it decodes every prompt of a JSONL file
 instead (per-prompt parameters, the command-line options as defaults; see
@@ -27,12 +35,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from specsample import models
 from specsample.bench.command import MAX_THREADS, int_in_range
-from specsample.generate import hf, jsonl
+from specsample.generate import hf, jsonl, loading
 from specsample.generate.inputs import MAX_NEW_TOKENS, eos_ids
 from specsample.generate.loop import MAX_K, speculative_generate, target_generate
 from specsample.generate.ngram import NGramDrafter
@@ -104,10 +113,27 @@ def _add_drafting_arguments(generate: argparse.ArgumentParser) -> None:
         help="the prompt text (its tokens must leave room in the target's context); or pass "
         "--input",
     )
-    generate.add_argument("--target", metavar="DIR", help="target model directory")
-    generate.add_argument("--draft", metavar="DIR", help="draft model directory")
+    generate.add_argument(
+        "--target",
+        metavar="PATH",
+        help="target model: a directory (config.json, weights, tokenizer) or a .gguf file "
+        "(quantized tensors are dequantized by transformers at load time; local files only)",
+    )
+    generate.add_argument(
+        "--draft", metavar="PATH", help="draft model: a directory or a .gguf file, as --target"
+    )
     generate.add_argument(
         "--ngram", action="store_true", help="draft by prompt lookup instead of a draft model"
+    )
+    generate.add_argument(
+        "--chat",
+        action="store_true",
+        help="lay out the prompt (with --input: every prompt) as a user message with the "
+        "tokenizer's chat template (add_generation_prompt) and print only the reply; needs a "
+        "tokenizer with a chat template",
+    )
+    generate.add_argument(
+        "--system", metavar="MESSAGE", help="with --chat: a system message before each prompt"
     )
     generate.add_argument(
         "-k",
@@ -167,7 +193,7 @@ def _add_sampling_arguments(generate: argparse.ArgumentParser) -> None:
 
 
 class _Stream:
-    """Print the prompt, then the text of sequence 0 as its tokens arrive.
+    """Print the prompt (none when ``prompt_ids`` is empty), then sequence 0 as it arrives.
 
     The whole sequence is decoded each time and only the new suffix printed, so tokens that
     merge with their neighbours (spaces, multi-byte characters) print correctly.
@@ -176,6 +202,9 @@ class _Stream:
     def __init__(self, tokenizer: Any, prompt_ids: list[int]) -> None:
         self.tokenizer = tokenizer
         self.ids = list(prompt_ids)
+        if not self.ids:
+            self.printed = ""
+            return
         self.printed = tokenizer.decode(self.ids, skip_special_tokens=True)
         sys.stdout.write(self.printed)
         sys.stdout.flush()
@@ -213,23 +242,23 @@ class _Progress:
         )
 
 
-def _model_dirs(args: argparse.Namespace) -> tuple[Path, Path | None]:
-    """The target and draft directories (``None``: prompt lookup) the arguments ask for."""
+def _model_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
+    """The target and draft paths (``None``: prompt lookup) the arguments ask for."""
     if args.draft is not None and args.ngram:
-        raise ValueError("pass --draft DIR or --ngram, not both")
+        raise ValueError("pass --draft PATH or --ngram, not both")
     if args.target is None:
         pair = hf.default_pair()
         if pair is None:
             raise ValueError(
                 "no default model pair is installed (expected "
-                f"{models.DEFAULT_DIR}/target and .../draft): pass --target DIR with "
-                "--draft DIR or --ngram"
+                f"{models.DEFAULT_DIR}/target and .../draft): pass --target PATH with "
+                "--draft PATH or --ngram"
             )
         if args.draft is not None:
             return pair[0], Path(args.draft)
         return pair[0], None if args.ngram else pair[1]
     if args.draft is None and not args.ngram:
-        raise ValueError("--target needs --draft DIR or --ngram")
+        raise ValueError("--target needs --draft PATH or --ngram")
     return Path(args.target), None if args.ngram else Path(args.draft)
 
 
@@ -273,30 +302,128 @@ def _prepare_runtime(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def _load_models(target_dir: Path, draft_dir: Path | None) -> tuple[Any, Any, Any]:
-    """The tokenizer, the target model and the drafter (a draft model, or prompt lookup)."""
-    if not target_dir.is_dir():
-        raise ValueError(f"target model directory does not exist: {target_dir}")
-    if draft_dir is not None and not draft_dir.is_dir():
-        raise ValueError(f"draft model directory does not exist: {draft_dir}")
-    tokenizer = hf.load_tokenizer(target_dir)
-    if draft_dir is not None:
-        hf.check_same_tokenizer(tokenizer, hf.load_tokenizer(draft_dir))
-    target = hf.load_model(target_dir, role="target")
-    hf.check_masked_cache(target, role="target")
-    if draft_dir is None:
-        return tokenizer, target, NGramDrafter()
-    draft = hf.load_model(draft_dir, role="draft")
-    hf.check_masked_cache(draft, role="draft")
-    return tokenizer, target, draft
+def _load_model(path: Path, role: str) -> Any:
+    """Load one model, check its cache handling and say on stderr what was loaded."""
+    model = hf.load_model(path, role=role)
+    hf.check_masked_cache(model, role=role)
+    description = loading.describe_model(model, loading.model_source(path, role=role))
+    print(f"{role}: {path}: {description}", file=sys.stderr, flush=True)
+    return model
 
 
-def _eos_token_id(tokenizer: Any, target: Any) -> Any:
-    """The tokenizer's end-of-sequence id, else the target's generation config's."""
-    eos = tokenizer.eos_token_id
-    if eos is None:
-        eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
-    return eos
+def _load_models(
+    target_path: Path, draft_path: Path | None, args: argparse.Namespace
+) -> tuple[Any, Callable[[str], list[int]], Any, Any]:
+    """The tokenizer, its prompt encoder, the target model and the drafter.
+
+    The drafter is the draft model, or prompt lookup when ``draft_path`` is ``None``. Both
+    paths are checked (:func:`specsample.generate.loading.model_source`) before anything is
+    loaded, and the tokenizers (``--chat`` included) before the models.
+    """
+    loading.model_source(target_path, role="target")
+    if draft_path is not None:
+        loading.model_source(draft_path, role="draft")
+    tokenizer = hf.load_tokenizer(target_path, role="target")
+    encode = prompt_encoder(tokenizer, chat=args.chat, system=args.system)
+    if draft_path is not None:
+        hf.check_same_tokenizer(tokenizer, hf.load_tokenizer(draft_path, role="draft"))
+    target = _load_model(target_path, "target")
+    if draft_path is None:
+        return tokenizer, encode, target, NGramDrafter()
+    return tokenizer, encode, target, _load_model(draft_path, "draft")
+
+
+def eos_token_ids(tokenizer: Any, target: Any) -> list[int]:
+    """Every end-of-sequence id: the tokenizer's, then those of the target's generation config.
+
+    A generation config's ``eos_token_id`` may be one id or a list of them (chat models list
+    their end-of-turn tokens there); duplicates are dropped.
+
+    Parameters
+    ----------
+    tokenizer : transformers.PreTrainedTokenizerBase
+        Its ``eos_token_id`` (an int or ``None``).
+    target : transformers.PreTrainedModel
+        Its ``generation_config.eos_token_id``, if any.
+
+    Returns
+    -------
+    list of int
+        The ids, in that order (empty: generation stops only at its length).
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[2, 7]))
+    >>> eos_token_ids(SimpleNamespace(eos_token_id=7), model)
+    [7, 2]
+    """
+    config = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
+    found = eos_ids(tokenizer.eos_token_id) + eos_ids(config)
+    return list(dict.fromkeys(found))
+
+
+def _chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The token ids of ``messages`` laid out by the chat template, ready for the reply."""
+    from jinja2 import TemplateError
+
+    try:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    except TemplateError as error:
+        raise ValueError(f"--chat: the tokenizer's chat template failed: {error}") from None
+    if isinstance(ids, Mapping):
+        ids = ids["input_ids"]
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()
+    return [int(t) for t in ids]
+
+
+def prompt_encoder(
+    tokenizer: Any, *, chat: bool = False, system: str | None = None
+) -> Callable[[str], list[int]]:
+    """How prompts become token ids: plain encoding, or with ``chat`` the chat template.
+
+    With ``chat`` a prompt becomes the user message of a conversation, after the ``system``
+    message when one is given, laid out by ``tokenizer.apply_chat_template`` with
+    ``add_generation_prompt=True`` (so the ids end where the assistant's reply begins).
+
+    Parameters
+    ----------
+    tokenizer : transformers.PreTrainedTokenizerBase
+        The target's tokenizer.
+    chat : bool
+        Apply the chat template (``--chat``).
+    system : str, optional
+        The system message (``--system``); only with ``chat``.
+
+    Returns
+    -------
+    callable
+        ``encode(prompt) -> list[int]``.
+
+    Raises
+    ------
+    ValueError
+        ``system`` without ``chat``, or ``chat`` with a tokenizer that has no chat template.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> tokenizer = SimpleNamespace(encode=lambda text: [ord(c) for c in text])
+    >>> prompt_encoder(tokenizer)("ab")
+    [97, 98]
+    """
+    if system is not None and not chat:
+        raise ValueError("--system needs --chat")
+    if not chat:
+        return lambda text: list(tokenizer.encode(text))
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "--chat needs a tokenizer with a chat template, and the target's tokenizer has "
+            "none (its tokenizer_config.json, or the GGUF file, sets no chat_template)"
+        )
+    head = [] if system is None else [{"role": "system", "content": system}]
+    return lambda text: _chat_ids(tokenizer, [*head, {"role": "user", "content": text}])
 
 
 def _sampling_options(
@@ -309,7 +436,7 @@ def _sampling_options(
         "top_p": args.top_p,
         "min_p": args.min_p,
         "max_new_tokens": args.max_new_tokens,
-        "eos_token_id": _eos_token_id(tokenizer, target),
+        "eos_token_id": eos_token_ids(tokenizer, target),
         "seeds": None if args.seed is None else [args.seed + i for i in range(count)],
     }
 
@@ -331,7 +458,10 @@ def _warm_up(
 def _print_sequences(
     output: Any, streamed: bool, tokenizer: Any, prompt_ids: list[int], method: str
 ) -> None:
-    """End the streamed sequence, or print every sequence; then the run's statistics."""
+    """End the streamed sequence, or print every sequence; then the run's statistics.
+
+    Printed sequences follow ``prompt_ids`` (empty with ``--chat``: the reply alone).
+    """
     if streamed:
         print("\n")
     else:
@@ -390,6 +520,8 @@ def _check_sources(args: argparse.Namespace) -> None:
         raise ValueError("--input needs --output FILE.jsonl (where the results are appended)")
     if args.input is not None and args.compare:
         raise ValueError("--compare is not supported with --input")
+    if args.system is not None and not args.chat:
+        raise ValueError("--system needs --chat")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -409,23 +541,25 @@ def run_from_args(args: argparse.Namespace) -> int:
     ------
     ValueError
         Neither or both of a prompt and ``--input``, ``--input`` without ``--output`` (or
-        the reverse), ``--compare`` with ``--input``; an empty prompt, a bad line of the
-        input file (``"{path}:{line}: "``, nothing written), a malformed output file, missing
-        or mismatched models, a prompt that fills the context, or any argument
+        the reverse), ``--compare`` with ``--input``, ``--system`` without ``--chat``; an
+        empty prompt, a bad line of the input file (``"{path}:{line}: "``, nothing written),
+        a malformed output file, a model path that is neither a model directory nor a GGUF
+        file, mismatched models, ``--chat`` with a tokenizer without a chat template, a
+        prompt that fills the context, or any argument
         :func:`specsample.generate.speculative_generate` refuses.
     ImportError
-        transformers (or, for ``--plot``, matplotlib; for ``--input``, tqdm) is not
-        installed.
+        transformers (or, for ``--plot``, matplotlib; for ``--input``, tqdm; for a GGUF
+        file, gguf or accelerate) is not installed.
     """
     _check_sources(args)
     if args.input is not None:
         return _run_file(args)
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
-    target_dir, draft_dir = _model_dirs(args)
+    target_path, draft_path = _model_paths(args)
     _prepare_runtime(args.threads)
-    tokenizer, target, drafter = _load_models(target_dir, draft_dir)
-    prompt_ids = tokenizer.encode(args.prompt)
+    tokenizer, encode, target, drafter = _load_models(target_path, draft_path, args)
+    prompt_ids = encode(args.prompt)
     if not prompt_ids:
         raise ValueError("the prompt is empty once tokenized")
     copies = batch_size(args)
@@ -434,7 +568,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     prompts = [prompt_ids] * copies
     if args.compare:
         _warm_up(args, target, drafter, prompt_ids, common)
-    stream = _Stream(tokenizer, prompt_ids) if copies == 1 else None
+    shown = [] if args.chat else prompt_ids
+    stream = _Stream(tokenizer, shown) if copies == 1 else None
     output = speculative_generate(
         target,
         prompts,
@@ -446,7 +581,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         on_progress=None if stream is not None else _Progress("speculative"),
         **common,
     )
-    _print_sequences(output, stream is not None, tokenizer, prompt_ids, args.method)
+    _print_sequences(output, stream is not None, tokenizer, shown, args.method)
     if args.compare:
         baseline = target_generate(target, prompts, on_progress=_Progress("target-only"), **common)
         _print_speedup(output, baseline)
@@ -483,13 +618,13 @@ def _file_requests(args: argparse.Namespace) -> tuple[list[jsonl.Request], jsonl
 
 
 def _encode_requests(
-    requests: list[jsonl.Request], tokenizer: Any, target: Any, source: str
+    requests: list[jsonl.Request], encode: Callable[[str], list[int]], target: Any, source: str
 ) -> list[list[int]]:
     """The token ids of every prompt, refusing (by line) one that is empty or fills the context."""
     context = getattr(getattr(target, "config", None), "max_position_embeddings", None)
     prompts = []
     for request in requests:
-        ids = tokenizer.encode(request.prompt)
+        ids = encode(request.prompt)
         if not ids:
             raise ValueError(f"{source}:{request.line}: prompt is empty once tokenized")
         if context is not None and len(ids) >= context:
@@ -531,13 +666,13 @@ def _run_file(args: argparse.Namespace) -> int:
     if not todo:
         print(f"all {len(requests)} prompts of {args.input} are already in {args.output}")
         return 0
-    target_dir, draft_dir = _model_dirs(args)
+    target_path, draft_path = _model_paths(args)
     _prepare_runtime(args.threads)
     tqdm = _import_tqdm()
-    tokenizer, target, drafter = _load_models(target_dir, draft_dir)
-    prompts = _encode_requests(todo, tokenizer, target, args.input)
-    eos = _eos_token_id(tokenizer, target)
-    ends = set(eos_ids(eos))
+    tokenizer, encode, target, drafter = _load_models(target_path, draft_path, args)
+    prompts = _encode_requests(todo, encode, target, args.input)
+    eos = eos_token_ids(tokenizer, target)
+    ends = set(eos)
     with (
         jsonl.ResultWriter(args.output, resume.keep_bytes) as writer,
         tqdm(total=len(todo), unit="prompt", file=sys.stderr) as bar,

@@ -455,30 +455,65 @@ def check_masked_cache(model: Any, *, role: str = "target", atol: float | None =
 
 
 def load_model(path: str | Path, *, role: str = "target") -> Any:
-    """Load a causal LM from a local directory (never from a hub), in eval mode.
+    """Load a causal LM from a local model directory or GGUF file (never from a hub), in eval mode.
+
+    A ``.gguf`` file is loaded by transformers' GGUF support, which dequantizes quantized
+    tensors to a dense model (see :mod:`specsample.generate.loading`).
+
+    Parameters
+    ----------
+    path : str or Path
+        A directory holding ``config.json`` and the weights, or a ``.gguf`` file.
+    role : str
+        ``"target"`` or ``"draft"``, for error messages.
 
     Raises
     ------
     ValueError
-        ``path`` is not a directory.
+        ``path`` is neither a directory holding a ``config.json`` nor a GGUF file (the
+        message names it and what was expected).
+    ImportError
+        ``path`` is a GGUF file and the ``gguf`` or ``accelerate`` package is missing.
     """
+    from specsample.generate import loading
+
+    source = loading.model_source(path, role=role)
+    if source.is_gguf:
+        loading.require_gguf()
     from transformers import AutoModelForCausalLM
 
-    directory = Path(path)
-    if not directory.is_dir():
-        raise ValueError(f"{role} model directory does not exist: {directory}")
-    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
+    options = loading.from_pretrained_options(source)
+    model = AutoModelForCausalLM.from_pretrained(source.directory, **options)
     return model.eval()
 
 
-def load_tokenizer(path: str | Path) -> Any:
-    """Load the tokenizer saved in a local directory (never from a hub)."""
+def load_tokenizer(path: str | Path, *, role: str = "target") -> Any:
+    """Load the tokenizer of a local model directory or GGUF file (never from a hub).
+
+    Parameters
+    ----------
+    path : str or Path
+        A directory holding a tokenizer file (``tokenizer.json``, ...), or a ``.gguf`` file.
+    role : str
+        ``"target"`` or ``"draft"``, for error messages.
+
+    Raises
+    ------
+    ValueError
+        ``path`` is neither a directory holding a tokenizer file nor a GGUF file (the
+        message names it and what was expected).
+    ImportError
+        ``path`` is a GGUF file and the ``gguf`` or ``accelerate`` package is missing.
+    """
+    from specsample.generate import loading
+
+    source = loading.model_source(path, role=role, part="tokenizer")
+    if source.is_gguf:
+        loading.require_gguf()
     from transformers import AutoTokenizer
 
-    directory = Path(path)
-    if not directory.is_dir():
-        raise ValueError(f"tokenizer directory does not exist: {directory}")
-    return AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    options = loading.from_pretrained_options(source, model=False)
+    return AutoTokenizer.from_pretrained(source.directory, **options)
 
 
 def check_same_tokenizer(
