@@ -190,6 +190,7 @@ class _Batch:
     def step(self, results: list[list[int]]) -> None:
         """Draft, score, verify and commit one step of every active sequence."""
         asked = self.policy.choose() if self.policy is not None else self.run.k
+        asked = max(0, self.run.lm.room(asked + 1) - 1)
         started = time.perf_counter()
         drafts, probs = self._propose(asked)
         k = drafts.shape[1]

@@ -163,7 +163,7 @@ class ModelDrafter:
         self.name = f"model ({self.lm.describe()})"
         self._k = 0
         self._lag = 0
-        self._stopped = False
+        self._stopped = self._skipped = False
         self._lags = torch.zeros(0, dtype=torch.int64)
         self._pending = torch.zeros(0, dtype=torch.bool)
         self._pending_token = torch.zeros(0, dtype=torch.int64)
@@ -225,10 +225,18 @@ class ModelDrafter:
         of the distribution it would be drawn from is below ``stop_below`` (as
         ``transformers``' assistant confidence threshold, but judged before the draft is
         drawn: the length depends on the drafts before ``j`` only, so verification stays
-        exact).
+        exact). Near the end of the draft model's context fewer drafts are proposed (none
+        when even the tokens it has not seen yet would not fit), so its cache never needs
+        more slots than its context allows.
         """
         batch, vocab = state.batch, state.vocab_size
         device = state.tokens.device
+        room = self.lm.room(self._lag + 1 + k) - self._lag - 1
+        if room < 1:
+            self._k, self._skipped = 0, True
+            return Proposal(torch.zeros(batch, 0, dtype=torch.int64, device=device), None)
+        k = min(k, room)
+        self._skipped = False
         logits = self._first_logits(state)
         drafts = torch.empty(batch, k, dtype=torch.int64, device=device)
         probs = uniforms = None
@@ -260,6 +268,9 @@ class ModelDrafter:
         When drafting stopped early, the last draft was fed already (its forward judged the
         next one), so it is masked or kept like the others and nothing is pending.
         """
+        if self._skipped:
+            self.skip(state)
+            return
         k = self._k
         fed = self._stopped
         tail = k if fed else k - 1

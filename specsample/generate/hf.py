@@ -11,7 +11,14 @@ positions are explicit.
 This relies on the model building its causal mask from cache *slots*, its padding mask from
 the 2-D attention mask and its rotary or learned positions from ``position_ids``; Llama-style
 models in ``transformers`` do. :func:`check_masked_cache` verifies it on a given model.
-Models with sliding-window layers are refused (their windows would count masked slots).
+
+Sliding-window layers (Mistral, Phi-3 and Qwen2 with a window; Gemma 2 and 3, which mix
+them with full layers) must not count masked slots in their windows. For those models the
+cache records every slot's position and each forward gets a 4-D additive mask per layer
+type, built here: a slot is visible when it is valid, not after the query's slot, and (for
+a sliding layer) less than ``sliding_window`` positions before the query. Attention kinds
+the loop cannot honour (GPT-Neo's local layers, whose window is a fixed slot-indexed
+buffer; chunked or linear attention) are refused by :func:`attention_window`.
 
 ``transformers`` is imported only inside the functions that need it, so ``specsample``
 imports without it.
@@ -21,10 +28,11 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -83,16 +91,79 @@ def vocab_size(model: Any, role: str = "target") -> int:
     return vocab
 
 
-def _refuse_sliding_windows(config: Any, role: str) -> None:
-    layer_types = getattr(config, "layer_types", None) or ()
-    sliding = any(t != "full_attention" for t in layer_types)
-    if not layer_types and getattr(config, "sliding_window", None):
-        sliding = bool(getattr(config, "use_sliding_window", True))
-    if sliding:
+_FULL, _SLIDING = "full_attention", "sliding_attention"
+
+
+class AttentionWindow(NamedTuple):
+    """How a model's layers attend, as the cache must mask them.
+
+    Attributes
+    ----------
+    window : int or None
+        The sliding window of its sliding layers, in positions (a query at position ``p``
+        sees positions ``p - window + 1 .. p``); ``None`` when every layer sees everything.
+    hybrid : bool
+        Whether sliding and full layers are mixed (the model then takes one mask per layer
+        type).
+    """
+
+    window: int | None
+    hybrid: bool
+
+
+def attention_window(config: Any, role: str = "target") -> AttentionWindow:
+    """Read a model config's attention layers; refuse the kinds the loop cannot honour.
+
+    Parameters
+    ----------
+    config : transformers.PretrainedConfig
+        The (text) config of the causal LM.
+    role : str
+        ``"target"`` or ``"draft"``, for error messages.
+
+    Raises
+    ------
+    ValueError
+        Naming the layer type: GPT-Neo's ``local`` layers, a ``layer_types`` entry other
+        than full or sliding attention, or a sliding layer without a positive window.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> attention_window(SimpleNamespace(sliding_window=4096))
+    AttentionWindow(window=4096, hybrid=False)
+    >>> attention_window(SimpleNamespace(layer_types=["sliding_attention", "full_attention"],
+    ...                                  sliding_window=512))
+    AttentionWindow(window=512, hybrid=True)
+    >>> attention_window(SimpleNamespace(layer_types=["full_attention"], sliding_window=512))
+    AttentionWindow(window=None, hybrid=False)
+    """
+    local = [t for t in getattr(config, "attention_layers", None) or () if t != "global"]
+    if local:
         raise ValueError(
-            f"the {role} model uses sliding-window or non-standard attention layers, which the "
-            "masked rectangular cache does not support"
+            f"the {role} model has {local[0]!r} attention layers (GPT-Neo style), whose window "
+            "counts cache slots rather than positions; the loop cannot serve them"
         )
+    layer_types = list(getattr(config, "layer_types", None) or ())
+    unknown = sorted({t for t in layer_types if t not in (_FULL, _SLIDING)})
+    if unknown:
+        raise ValueError(
+            f"the {role} model has {unknown[0]!r} attention layers, which the loop cannot serve "
+            "(it serves full and sliding-window attention)"
+        )
+    window = getattr(config, "sliding_window", None)
+    if layer_types:
+        sliding = _SLIDING in layer_types
+    else:
+        sliding = window is not None and bool(getattr(config, "use_sliding_window", True))
+    if not sliding:
+        return AttentionWindow(None, False)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(
+            f"the {role} model has sliding_attention layers but no positive sliding_window "
+            f"({window!r})"
+        )
+    return AttentionWindow(window, _FULL in layer_types)
 
 
 def cache_argument(parameters: Mapping[str, inspect.Parameter]) -> str:
@@ -137,11 +208,13 @@ class CachedLM:
         The model's context (``max_position_embeddings``); position ids are clamped below it.
     vocab_size : int
         Width of the model's logits.
+    attention : AttentionWindow
+        The model's sliding window, if any (:func:`attention_window`).
     """
 
     def __init__(self, model: Any, role: str = "target", *, check: bool = True) -> None:
         config = _config(model)
-        _refuse_sliding_windows(config, role)
+        self.attention = attention_window(config, role)
         self.model = model
         self.role = role
         self.config = config
@@ -154,6 +227,7 @@ class CachedLM:
         )
         self.cache: Any = None
         self._mask = torch.zeros(0, 0, dtype=torch.int64)
+        self._positions = torch.zeros(0, 0, dtype=torch.int64)
         self.width = 0
         if check:
             try:
@@ -183,17 +257,42 @@ class CachedLM:
 
         self.cache = DynamicCache()
         self._mask = torch.zeros(batch, 64, dtype=torch.int64, device=self.device)
+        self._positions = torch.zeros_like(self._mask)
         self.width = 0
 
     def _grow(self, extra: int) -> None:
-        batch, capacity = self._mask.shape
+        capacity = self._mask.shape[1]
         if self.width + extra <= capacity:
             return
-        grown = torch.zeros(
-            batch, max(2 * capacity, self.width + extra), dtype=torch.int64, device=self.device
+        size = max(2 * capacity, self.width + extra)
+        self._mask, self._positions = (
+            torch.nn.functional.pad(slots[:, : self.width], (0, size - self.width))
+            for slots in (self._mask, self._positions)
         )
-        grown[:, : self.width] = self._mask[:, : self.width]
-        self._mask = grown
+
+    def _window_masks(
+        self, positions: torch.Tensor, window: int
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The 4-D additive masks of a forward whose queries sit at ``positions [batch, n]``.
+
+        ``[batch, 1, n, width]`` in the model's dtype, 0 where a query may attend and a
+        very negative value elsewhere: the lowest float32 (or the dtype's lowest, if
+        higher), never ``-inf``, so that a query of a padding slot, which sees nothing,
+        produces no NaN, even where attention takes its softmax in float32. Hybrid models
+        get one mask per layer type.
+        """
+        n, width = positions.shape[1], self.width
+        slots = torch.arange(width, device=positions.device)
+        causal = slots <= (slots[width - n :]).unsqueeze(-1)
+        allowed = self._mask[:, None, :width].bool() & causal
+        near = positions.unsqueeze(-1) - self._positions[:, None, :width] < window
+        dtype = getattr(self.model, "dtype", torch.float32)
+        low = max(torch.finfo(dtype).min, torch.finfo(torch.float32).min)
+        zeros = torch.zeros(allowed.shape, dtype=dtype, device=positions.device)
+        sliding = zeros.masked_fill((allowed & near).logical_not_(), low).unsqueeze(1)
+        if not self.attention.hybrid:
+            return sliding
+        return {_SLIDING: sliding, _FULL: zeros.masked_fill_(~allowed, low).unsqueeze(1)}
 
     def forward(
         self,
@@ -226,12 +325,16 @@ class CachedLM:
             new.fill_(1)
         else:
             new.copy_(valid)
-        self.width += n
         if self.max_positions:
             position_ids = position_ids.clamp(max=self.max_positions - 1)
+        self._positions[:, self.width : self.width + n].copy_(position_ids)
+        self.width += n
+        mask: torch.Tensor | dict[str, torch.Tensor] = self._mask[:, : self.width]
+        if self.attention.window is not None:
+            mask = self._window_masks(position_ids, self.attention.window)
         kwargs: dict[str, Any] = {
             "input_ids": input_ids,
-            "attention_mask": self._mask[:, : self.width],
+            "attention_mask": mask,
             "position_ids": position_ids,
             self._cache_arg: self.cache,
             "use_cache": True,
@@ -267,6 +370,7 @@ class CachedLM:
         if self.cache is not None and self.width:
             self.cache.batch_select_indices(index)
         self._mask = self._mask[index]
+        self._positions = self._positions[index]
 
     def _layer_tensors(self) -> list[tuple[Any, str, int | None]]:
         """Where the key and value tensors live: ``(holder, attribute, list index)``."""
@@ -330,11 +434,15 @@ class CachedLM:
         width = max(self.width, fresh.width)
         if width:
             self._concatenate(fresh, width)
-        rows = self._mask.shape[0] + fresh._mask.shape[0]
-        mask = torch.zeros(rows, width + 64, dtype=torch.int64, device=self._mask.device)
-        mask[: self._mask.shape[0], width - self.width : width] = self._mask[:, : self.width]
-        mask[self._mask.shape[0] :, width - fresh.width : width] = fresh._mask[:, : fresh.width]
-        self._mask = mask
+        old = self._mask.shape[0]
+        joined = []
+        for mine, theirs in ((self._mask, fresh._mask), (self._positions, fresh._positions)):
+            shape = (old + theirs.shape[0], width + 64)
+            slots = torch.zeros(shape, dtype=torch.int64, device=mine.device)
+            slots[:old, width - self.width : width] = mine[:, : self.width]
+            slots[old:, width - fresh.width : width] = theirs[:, : fresh.width]
+            joined.append(slots)
+        self._mask, self._positions = joined
         self.width = width
 
     def _concatenate(self, fresh: CachedLM, width: int) -> None:
@@ -381,6 +489,39 @@ class CachedLM:
         """
         if self.cache is None or self.width <= 2 * max_length + 64:
             return False
+        return self.compact()
+
+    def room(self, slots: int) -> int:
+        """Make room for ``slots`` more slots within the context; how many fit then.
+
+        A model's context bounds its cache too: positions beyond it are clamped, and some
+        models index a fixed buffer by slot. When ``slots`` more would pass
+        ``max_positions`` the cache is compacted first (a host synchronisation, so only
+        then).
+
+        Examples
+        --------
+        >>> from types import SimpleNamespace
+        >>> lm = SimpleNamespace(max_positions=None, width=10)
+        >>> CachedLM.room(lm, 5)
+        5
+        """
+        if self.max_positions is None:
+            return slots
+        if self.width + slots > self.max_positions:
+            self.compact()
+        return max(0, min(slots, self.max_positions - self.width))
+
+    def compact(self) -> bool:
+        """Drop every masked slot (each row's valid slots gathered to the right, in order).
+
+        Returns
+        -------
+        bool
+            Whether the cache was compacted (caches of unknown layout never are).
+        """
+        if self.cache is None:
+            return False
         tensors = self._tensors()
         if tensors is None:
             return False
@@ -395,11 +536,14 @@ class CachedLM:
             batch, heads, _, dim = tensor.shape
             gathered.append(tensor.gather(2, index[:, None, :, None].expand(batch, heads, -1, dim)))
         self._replace(gathered)
+        positions = self._positions[:, : self.width].gather(1, index)
         self.width = kept.shape[1]
         self._mask = torch.zeros(
             mask.shape[0], self.width + 64, dtype=torch.int64, device=mask.device
         )
         self._mask[:, : self.width] = (kept >= 0).to(torch.int64)
+        self._positions = torch.zeros_like(self._mask)
+        self._positions[:, : self.width] = positions
         return True
 
 
@@ -408,7 +552,8 @@ def check_masked_cache(model: Any, *, role: str = "target", atol: float | None =
 
     The logits of a short sequence are compared with those obtained by feeding it through
     the cache in two blocks, with a masked garbage slot between them, left padding, and
-    explicit position ids.
+    explicit position ids. For a model with a sliding window of up to 37 positions the
+    sequence is longer than the window, so the check also covers the window's edge.
 
     Parameters
     ----------
@@ -427,24 +572,39 @@ def check_masked_cache(model: Any, *, role: str = "target", atol: float | None =
     lm = CachedLM(model, role=role, check=False)
     device = lm.device
     vocab = lm.vocab_size
-    tokens = torch.tensor([[1, 5, 2, 7, 3, 4]], device=device) % vocab
+    length = 6
+    if lm.attention.window is not None:
+        length = max(length, min(lm.attention.window + 3, 40))
+    tokens = (torch.arange(length, device=device) * 5 + 1).remainder(vocab).unsqueeze(0)
+    half = length // 2
     with torch.inference_mode():
         reference = lm.model(input_ids=tokens).logits[0, -2:].to(torch.float32)
         lm.reset(1)
         pad = torch.zeros(1, 1, dtype=torch.int64, device=device)
-        first = torch.cat([pad, tokens[:, :3], pad + 9 % vocab], dim=1)
+        first = torch.cat([pad, tokens[:, :half], pad + 9 % vocab], dim=1)
+        positions = torch.arange(half + 1, device=device)
         lm.forward(
             first,
-            torch.tensor([[0, 0, 1, 2, 3]], device=device),
-            valid=torch.tensor([[0, 1, 1, 1, 0]], device=device),
+            torch.cat([pad, positions.unsqueeze(0)], dim=1),
+            valid=torch.cat([pad, torch.ones_like(tokens[:, :half]), pad], dim=1),
         )
-        got = lm.forward(tokens[:, 3:], torch.tensor([[3, 4, 5]], device=device), keep=2)[0]
+        rest = torch.arange(half, length, device=device).unsqueeze(0)
+        got = lm.forward(tokens[:, half:], rest, keep=2)[0]
     got = got.to(torch.float32)
     scale = 1.0 + float(reference.abs().max())
     if atol is None:
         half = getattr(model, "dtype", torch.float32) in (torch.float16, torch.bfloat16)
         atol = 5e-2 if half else 1e-3
     error = float((got - reference).abs().max())
+    if math.isnan(error) and _nan_when_padded(lm.model, tokens):
+        implementation = getattr(_config(lm.model), "_attn_implementation", None)
+        raise ValueError(
+            f"the {role} model returns NaN for a left-padded input even without a cache "
+            f"(attention {implementation!r}, {getattr(lm.model, 'dtype', 'unknown dtype')}): "
+            "a padding slot that attends to nothing turns its softmax into NaN, as "
+            "transformers' own padded batches do; load the model with "
+            "attn_implementation='sdpa' or in float32"
+        )
     if not error <= atol * scale:
         raise ValueError(
             f"the {role} model does not honour attention_mask and position_ids with a cache "
@@ -452,6 +612,16 @@ def check_masked_cache(model: Any, *, role: str = "target", atol: float | None =
         )
     with contextlib.suppress(TypeError):
         _CHECKED.add(model)
+
+
+def _nan_when_padded(model: Any, tokens: torch.Tensor) -> bool:
+    """Whether ``model`` gives NaN logits for ``tokens [1, n]`` behind one padding slot."""
+    padded = torch.cat([torch.zeros_like(tokens[:, :1]), tokens], dim=1)
+    mask = torch.ones_like(padded)
+    mask[:, 0] = 0
+    with torch.inference_mode():
+        logits = model(input_ids=padded, attention_mask=mask).logits
+    return bool(logits[:, 1:].isnan().any())
 
 
 def load_model(path: str | Path, *, role: str = "target") -> Any:
