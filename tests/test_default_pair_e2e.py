@@ -13,7 +13,9 @@
   steps and new rows join batches whose other rows are mid-sequence; only the first two
   tokens are counted, so the law they follow must not depend on who shares the batch. The
   same test, on a quarter of the rows, rejects Medusa's typical acceptance (lossy) with
-  p < 1e-5.
+  p < 1e-5. Tree drafting (three i.i.d. children of the root, verified by the token-level
+  rule, over steps that feed the accepted leaf of one tree with the next) passes the same
+  test, with the same false-failure rate.
 * Temperature 0: speculative output equals target-only greedy output token for token, and
   both equal ``transformers``' own greedy ``generate``. The models run in float64 here, so
   that no near-tie between two logits can flip an argmax between the different batch shapes
@@ -31,7 +33,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 scipy_stats = pytest.importorskip("scipy.stats")
 
-from specsample.generate import hf, speculative_generate, target_generate  # noqa: E402
+from specsample.generate import TreeShape, hf, speculative_generate, target_generate  # noqa: E402
 from specsample.testing import detectable_tv  # noqa: E402
 
 PROMPT = "self"
@@ -137,6 +139,37 @@ def test_first_two_tokens_follow_the_target(shipped: dict[str, Any], method: str
     assert pvalue > ALPHA
 
 
+TREE_SHAPES = {"mss": TreeShape((3,), "iid")}
+"""The tree of each tree rule's chi-square test (drafted as the rule requires)."""
+
+
+@pytest.mark.parametrize("rule", sorted(TREE_SHAPES))
+def test_first_two_tokens_follow_the_target_with_tree_drafts(
+    shipped: dict[str, Any], rule: str
+) -> None:
+    """The two-token joint test on tree drafting, one forward per tree for every sequence."""
+    prompt = shipped["tokenizer"].encode(PROMPT)
+    budgets = [2 + i % 3 for i in range(ROWS)]
+    out = speculative_generate(
+        shipped["target"],
+        [prompt] * ROWS,
+        shipped["draft"],
+        tree=TREE_SHAPES[rule],
+        method=rule,
+        temperature=1.0,
+        max_new_tokens=budgets,
+        seeds=list(range(ROWS)),
+        max_batch_size=BATCH // 2,
+    )
+    assert [len(s) for s in out.sequences] == budgets
+    assert out.stats.tokens_per_forward > 1.2
+    pvalue, df = chi_square(out.sequences, exact_joint(shipped["target"], prompt))
+    tv = detectable_tv(ROWS, df, ALPHA)
+    print(f"tree {rule}: chi-square p = {pvalue:.3g} ({df} df); detects TV >= {tv:.3f}")
+    assert tv <= MAX_DETECTABLE_TV
+    assert pvalue > ALPHA
+
+
 def test_the_joint_test_rejects_typical_acceptance(shipped: dict[str, Any]) -> None:
     """The same test on a quarter of the rows fails the lossy rule (the test has power)."""
     prompt = shipped["tokenizer"].encode(PROMPT)
@@ -166,20 +199,26 @@ def shipped64(dirs: tuple[Any, Any], shipped: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("method", "k", "adaptive", "batch"),
+    ("method", "k", "adaptive", "batch", "tree"),
     [
-        ("chain", 4, False, None),
-        ("block", 4, False, None),
-        ("chain", 7, False, None),
-        ("chain", 4, True, None),
-        ("chain", 4, True, 2),
+        ("chain", 4, False, None, None),
+        ("block", 4, False, None, None),
+        ("chain", 7, False, None, None),
+        ("chain", 4, True, None, None),
+        ("chain", 4, True, 2, None),
+        ("chain", 4, False, 2, TreeShape((2, 2, 1, 1), "deterministic")),
     ],
 )
 def test_greedy_equals_target_greedy(
-    shipped64: dict[str, Any], method: str, k: int, adaptive: bool, batch: int | None
+    shipped64: dict[str, Any],
+    method: str,
+    k: int,
+    adaptive: bool,
+    batch: int | None,
+    tree: TreeShape | None,
 ) -> None:
-    """Greedy speculative output equals target greedy: fixed or adaptive draft lengths, and
-    with continuous batching (two places for three prompts)."""
+    """Greedy speculative output equals target greedy: fixed or adaptive draft lengths, with
+    continuous batching (two places for three prompts), and with tree drafts."""
     tokenizer = shipped64["tokenizer"]
     prompts = [tokenizer.encode(p) for p in GREEDY_PROMPTS]
     target, draft = shipped64["target"], shipped64["draft"]
@@ -193,6 +232,7 @@ def test_greedy_equals_target_greedy(
         max_new_tokens=GREEDY_TOKENS,
         adaptive=adaptive,
         max_batch_size=batch,
+        tree=tree,
     )
     assert out.sequences == expected
     assert out.stats.tokens_per_forward > 1.5

@@ -6,7 +6,8 @@
 and verifies them with :func:`specsample.verify`, so the output follows the target's
 distribution exactly (unless Medusa's typical acceptance, which is lossy, is asked for).
 :func:`target_generate` is the target-only baseline, sampled by the same processing. Both
-report :class:`GenerationStats`.
+report :class:`GenerationStats`. With ``tree=TreeShape(...)`` the draft model expands a token
+tree per sequence instead of a chain, and the target scores every node in one forward.
 
 ``transformers`` is needed to run a model but is imported only when one is used.
 """
@@ -17,6 +18,7 @@ from specsample.generate.loop import MAX_K, GenerationOutput, speculative_genera
 from specsample.generate.ngram import NGramDrafter
 from specsample.generate.state import DecodeState, Prefill, SamplingState
 from specsample.generate.stats import GenerationStats
+from specsample.generate.tree import TreeShape
 
 __all__ = [
     "MAX_K",
@@ -30,6 +32,7 @@ __all__ = [
     "Prefill",
     "Proposal",
     "SamplingState",
+    "TreeShape",
     "speculative_generate",
     "target_generate",
 ]

@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import cast
 
 import torch
 
 from specsample import backends, pipeline
-from specsample.generate.drafters import Drafter
+from specsample.generate.drafters import Drafter, ModelDrafter
 from specsample.generate.hf import CachedLM
 from specsample.generate.policy import DraftLengthPolicy
 from specsample.generate.state import DecodeState, Prefill, SamplingState
 from specsample.generate.stats import GenerationStats
+from specsample.generate.tree import TreeLayout, TreeShape
 from specsample.metadata import BatchLayout
+from specsample.rules.tree import Drafting, TreeMethod, tree_verify, tree_verify_greedy
 from specsample.rules.typical import typical_acceptance
 
 TokenCallback = Callable[[int, list[int]], None]
@@ -56,6 +59,10 @@ class Run:
         The callbacks.
     adaptive : bool
         Choose each step's draft length in ``0..k`` (:mod:`.policy`); otherwise always ``k``.
+    tree : TreeShape or None
+        Draft a token tree of this shape every step (the drafter must be a
+        :class:`~specsample.generate.drafters.ModelDrafter`; ``method`` is then a tree rule,
+        ``k`` the tree's depth).
     """
 
     def __init__(
@@ -70,9 +77,11 @@ class Run:
         on_progress: ProgressCallback | None,
         adaptive: bool = False,
         on_finish: FinishCallback | None = None,
+        tree: TreeShape | None = None,
     ) -> None:
         self.lm = lm
-        self.adaptive = adaptive and drafter is not None and k > 0
+        self.tree = tree
+        self.adaptive = adaptive and drafter is not None and k > 0 and tree is None
         self.drafter = drafter
         self.k = k
         self.method = method
@@ -143,6 +152,7 @@ class _Batch:
         self.method = run.method if run.k else "chain"
         self.backend = backends.resolve("auto", self.state.tokens)
         self.layouts: dict[tuple[int, int], BatchLayout] = {}
+        self.tree = None if run.tree is None else TreeLayout.build(run.tree, device)
         self.steps = self.forwards = self.generated = self.finished = 0
 
     def admit(self) -> None:
@@ -189,7 +199,12 @@ class _Batch:
 
     def step(self, results: list[list[int]]) -> None:
         """Draft, score, verify and commit one step of every active sequence."""
+        if self.tree is not None and self._tree_fits(self.tree):
+            self._tree_step(self.tree, results)
+            return
         asked = self.policy.choose() if self.policy is not None else self.run.k
+        if self.tree is not None:
+            asked = 0
         asked = max(0, self.run.lm.room(asked + 1) - 1)
         started = time.perf_counter()
         drafts, probs = self._propose(asked)
@@ -213,6 +228,56 @@ class _Batch:
         if any_finished:
             self._retire(finished, results)
         self.run.lm.maybe_compact(self.state.max_length)
+
+    def _tree_fits(self, layout: TreeLayout) -> bool:
+        """Whether both models have room for a tree step within their contexts."""
+        slots = int(layout.parents.shape[0])
+        drafter = self.run.drafter
+        fits = isinstance(drafter, ModelDrafter) and drafter.room_for_tree(layout)
+        return fits and self.run.lm.room(slots) == slots
+
+    def _tree_step(self, layout: TreeLayout, results: list[list[int]]) -> None:
+        """Draft a tree per sequence, score every node in one forward, verify, commit."""
+        shape, drafter, state = self.run.tree, self.run.drafter, self.state
+        if shape is None or not isinstance(drafter, ModelDrafter):
+            raise RuntimeError("a tree step needs a tree shape and a draft model")
+        proposal = drafter.propose_tree(state, shape, layout, self.sampling)
+        tokens = proposal.token_ids
+        positions = (state.lengths - 1).unsqueeze(1) + layout.depth
+        logits = self.run.lm.forward(tokens, positions, keep=0, visible=layout.visible)
+        depth, width = shape.depth, max(shape.branching)
+        if self.sampling.all_greedy:
+            out = tree_verify_greedy(
+                logits, tokens, layout.parents, max_depth=depth, max_children=width
+            )
+        else:
+            seeding = self.sampling.seeding
+            out = tree_verify(
+                self.sampling.probs(logits),
+                tokens,
+                layout.parents,
+                drafting=cast(Drafting, shape.drafting),
+                draft_probs=proposal.probs,
+                method=cast(TreeMethod, self.method),
+                max_depth=depth,
+                max_children=width,
+                seeds=seeding.seeds,
+                generator=seeding.generator,
+                positions=state.lengths,
+            )
+        nodes = torch.arange(tokens.shape[1], device=tokens.device)
+        on_path = (out.path.unsqueeze(2) == nodes).any(dim=1)
+        take, finished = self._commit(out.token_ids, out.num_emitted, valid=on_path)
+        kept = out.path.max(dim=1).values + 1
+        any_finished, _ = self._synchronise(take, finished, out.num_emitted, tokens.shape[1], kept)
+        for j in range(shape.depth):
+            self.offered[j] += state.batch
+        if self.run.on_tokens is not None:
+            _stream(self.run.on_tokens, self.rows, take, out.token_ids)
+        drafter.update_tree(out.path, state)
+        if any_finished:
+            self._retire(finished, results)
+        self.run.lm.maybe_compact(state.max_length)
 
     def _clock(self) -> float:
         """Now, once the device is done (only when the policy times the steps)."""
@@ -272,12 +337,16 @@ class _Batch:
         return token_ids, accepted + 1
 
     def _commit(
-        self, new: torch.Tensor, emitted: torch.Tensor
+        self, new: torch.Tensor, emitted: torch.Tensor, valid: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append the emitted tokens up to EOS and the budget: ``[batch]`` taken, finished."""
+        """Append the emitted tokens up to EOS and the budget: ``[batch]`` taken, finished.
+
+        ``valid`` (``[batch, slots]`` bool) says which of the step's target slots stay
+        visible; by default those of the emitted prefix (a chain's accepted drafts).
+        """
         state, eos = self.state, self.run.eos
         cols = torch.arange(new.shape[1], device=new.device)
-        self.run.lm.set_tail_valid(cols < emitted.unsqueeze(1))
+        self.run.lm.set_tail_valid(cols < emitted.unsqueeze(1) if valid is None else valid)
         state.tokens.scatter_(1, state.lengths.unsqueeze(1) + cols, new.clamp(min=0))
         allowed = self.budget - (state.lengths - self.prompt_lengths)
         take = torch.minimum(emitted, allowed)
@@ -293,15 +362,22 @@ class _Batch:
         return take, finished
 
     def _synchronise(
-        self, take: torch.Tensor, finished: torch.Tensor, emitted: torch.Tensor, slots: int
+        self,
+        take: torch.Tensor,
+        finished: torch.Tensor,
+        emitted: torch.Tensor,
+        slots: int,
+        kept: torch.Tensor | None = None,
     ) -> tuple[bool, list[int]]:
         """The step's one host transfer: update the counters; whether any sequence finished.
 
         Also returns each sequence's accepted drafts when the policy needs them, and drops
-        the target's slots of the step (``slots`` of them) that no sequence kept.
+        the target's slots of the step (``slots`` of them) that no sequence kept: each
+        sequence keeps its first ``kept [batch]`` (default: the ``emitted`` ones).
         """
+        last = (emitted if kept is None else kept).max()
         summary = torch.stack(
-            [finished.any().to(torch.int64), self.state.lengths.max(), take.sum(), emitted.max()]
+            [finished.any().to(torch.int64), self.state.lengths.max(), take.sum(), last]
         )
         if self.policy is not None:
             summary = torch.cat([summary, emitted - 1])

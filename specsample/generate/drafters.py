@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 import torch
 
 from specsample.generate.state import DecodeState, Prefill, SamplingState
+from specsample.generate.tree import TreeLayout, TreeShape, draw_children
 from specsample.random import inverse_cdf
 
 if TYPE_CHECKING:
@@ -168,6 +169,7 @@ class ModelDrafter:
         self._pending = torch.zeros(0, dtype=torch.bool)
         self._pending_token = torch.zeros(0, dtype=torch.int64)
         self._drafts = torch.zeros(0, 0, dtype=torch.int64)
+        self._tree: TreeLayout | None = None
 
     def start(self, prefill: Prefill, state: DecodeState) -> None:
         """Reset the cache and feed the prompts (but their last tokens)."""
@@ -261,6 +263,81 @@ class ModelDrafter:
         self._stopped = self._k < k
         self._drafts = drafts
         return Proposal(drafts, probs)
+
+    def room_for_tree(self, layout: TreeLayout) -> bool:
+        """Whether a tree of ``layout`` fits in the draft model's context (compacting first)."""
+        fed = layout.levels[-1][0] - 1
+        return self.lm.room(self._lag + 2 + fed) == self._lag + 2 + fed
+
+    def propose_tree(
+        self, state: DecodeState, shape: TreeShape, layout: TreeLayout, sampling: SamplingState
+    ) -> Proposal:
+        """Draft a tree of ``shape`` per sequence, a level per draft forward.
+
+        Returns
+        -------
+        Proposal
+            ``token_ids [batch, N + 1]`` (node 0: the last committed token) and ``probs
+            [batch, N + 1, vocab]``, row ``i`` the distribution node ``i``'s children were
+            drawn from (zero for the leaves; ``None`` in an all-greedy batch, whose children
+            are the draft's most likely tokens).
+
+        Every level but the last is fed to the draft model, each node attending to the
+        committed tokens, its ancestors and itself; the leaves are not (a leaf on the
+        accepted path is fed with the next proposal).
+        """
+        batch, vocab = state.batch, state.vocab_size
+        device = state.tokens.device
+        nodes = int(layout.parents.shape[0])
+        tokens = torch.zeros(batch, nodes, dtype=torch.int64, device=device)
+        tokens[:, 0] = state.last_tokens()
+        probs = uniforms = None
+        if not sampling.all_greedy:
+            probs = torch.zeros(batch, nodes, vocab, dtype=torch.float32, device=device)
+            uniforms = sampling.draft_uniforms(state.lengths, nodes - 1)
+        logits = _fit(self._first_logits(state), vocab).unsqueeze(1)
+        parent_start = 0
+        for depth, (start, stop) in enumerate(layout.levels):
+            parent_stop = parent_start + logits.shape[1]
+            level_probs = None
+            if probs is not None:
+                level_probs = sampling.probs(logits)
+                probs[:, parent_start:parent_stop] = level_probs
+            children = draw_children(
+                shape.drafting,
+                logits,
+                level_probs,
+                shape.branching[depth],
+                None if uniforms is None else uniforms[:, start - 1 : stop - 1],
+            )
+            tokens[:, start:stop] = children
+            if depth + 1 < len(layout.levels):
+                positions = (state.lengths + depth).unsqueeze(1).expand(-1, stop - start)
+                visible = layout.visible[start:stop, 1:stop]
+                out = self.lm.forward(children, positions, keep=0, visible=visible)
+                logits = _fit(out, vocab)
+            parent_start = start
+        self._tree = layout
+        return Proposal(tokens, probs)
+
+    def update_tree(self, path: torch.Tensor, state: DecodeState) -> None:
+        """Keep the draft slots of the accepted ``path`` (``[batch, depth + 1]`` node ids).
+
+        A leaf on the path was never fed: it is fed, as pending, with the next proposal.
+        """
+        layout = self._tree
+        if layout is None:
+            raise RuntimeError("update_tree() called without a tree proposal")
+        fed = layout.levels[-1][0] - 1
+        nodes = torch.arange(1, fed + 1, device=path.device)
+        on_path = (path.unsqueeze(2) == nodes).any(dim=1)
+        self.lm.set_tail_valid(on_path)
+        deepest = path.max(dim=1).values
+        self._pending = deepest >= layout.levels[-1][0]
+        self._pending_token = state.tokens.gather(
+            1, (state.lengths - 2).clamp(min=0).unsqueeze(1)
+        ).squeeze(1)
+        self.lm.maybe_compact(state.max_length)
 
     def update(self, num_accepted: torch.Tensor, state: DecodeState) -> None:
         """Mask the slots of rejected drafts; remember the last draft when all were accepted.

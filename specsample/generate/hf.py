@@ -270,10 +270,14 @@ class CachedLM:
             for slots in (self._mask, self._positions)
         )
 
-    def _window_masks(
-        self, positions: torch.Tensor, window: int
+    def _masks(
+        self, positions: torch.Tensor, visible: torch.Tensor | None
     ) -> torch.Tensor | dict[str, torch.Tensor]:
         """The 4-D additive masks of a forward whose queries sit at ``positions [batch, n]``.
+
+        A query sees the valid slots up to its own, those less than the sliding window
+        before it on sliding layers, and, among the last ``t`` slots, only those that
+        ``visible [n, t]`` (bool) allows (a token tree: its ancestors and itself).
 
         ``[batch, 1, n, width]`` in the model's dtype, 0 where a query may attend and a
         very negative value elsewhere: the lowest float32 (or the dtype's lowest, if
@@ -284,15 +288,19 @@ class CachedLM:
         n, width = positions.shape[1], self.width
         slots = torch.arange(width, device=positions.device)
         causal = slots <= (slots[width - n :]).unsqueeze(-1)
+        if visible is not None:
+            causal[:, width - visible.shape[1] :] &= visible
         allowed = self._mask[:, None, :width].bool() & causal
-        near = positions.unsqueeze(-1) - self._positions[:, None, :width] < window
         dtype = getattr(self.model, "dtype", torch.float32)
         low = max(torch.finfo(dtype).min, torch.finfo(torch.float32).min)
         zeros = torch.zeros(allowed.shape, dtype=dtype, device=positions.device)
-        sliding = zeros.masked_fill((allowed & near).logical_not_(), low).unsqueeze(1)
-        if not self.attention.hybrid:
-            return sliding
-        return {_SLIDING: sliding, _FULL: zeros.masked_fill_(~allowed, low).unsqueeze(1)}
+        full = zeros.masked_fill(allowed.logical_not(), low).unsqueeze(1)
+        window = self.attention.window
+        if window is None:
+            return full
+        near = positions.unsqueeze(-1) - self._positions[:, None, :width] < window
+        sliding = zeros.masked_fill_((allowed & near).logical_not_(), low).unsqueeze(1)
+        return {_SLIDING: sliding, _FULL: full} if self.attention.hybrid else sliding
 
     def forward(
         self,
@@ -301,6 +309,7 @@ class CachedLM:
         *,
         valid: torch.Tensor | None = None,
         keep: int = 1,
+        visible: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Append ``n`` slots to every row and return the logits of the last ``keep`` ones.
 
@@ -312,6 +321,11 @@ class CachedLM:
             ``[batch, n]`` which new slots later tokens may attend to (default: all).
         keep : int
             Logits wanted for the last ``keep`` slots (``0``: all of them).
+        visible : torch.Tensor, optional
+            ``[n, t]`` bool, ``t >= n``: which of the last ``t`` slots (these ``n`` and the
+            ones before them) each new slot may attend to, on top of the usual rules; a
+            token tree's nodes see their ancestors and themselves only. The model then gets
+            a 4-D mask, which ``transformers`` takes for its common architectures.
 
         Returns
         -------
@@ -330,8 +344,8 @@ class CachedLM:
         self._positions[:, self.width : self.width + n].copy_(position_ids)
         self.width += n
         mask: torch.Tensor | dict[str, torch.Tensor] = self._mask[:, : self.width]
-        if self.attention.window is not None:
-            mask = self._window_masks(position_ids, self.attention.window)
+        if self.attention.window is not None or visible is not None:
+            mask = self._masks(position_ids, visible)
         kwargs: dict[str, Any] = {
             "input_ids": input_ids,
             "attention_mask": mask,

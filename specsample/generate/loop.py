@@ -31,7 +31,7 @@ floating-point differences between batch shapes).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 
@@ -47,8 +47,10 @@ from specsample.generate.drafters import Drafter, ModelDrafter
 from specsample.generate.hf import CachedLM, vocab_size
 from specsample.generate.state import SamplingState
 from specsample.generate.stats import GenerationStats
+from specsample.generate.tree import TreeShape
 from specsample.metadata import Scalars
 from specsample.methods import METHODS, chain_methods, check_method
+from specsample.rules.tree import Drafting, tree_method
 
 MAX_K = 64
 """Most drafts per step. Every step costs ``k`` draft forwards and a target forward over
@@ -90,6 +92,7 @@ def _generate(
     on_progress: ProgressCallback | None,
     on_finish: FinishCallback | None,
     adaptive: bool = False,
+    tree: TreeShape | None = None,
 ) -> GenerationOutput:
     """Validate the call, then decode the prompts ``max_batch_size`` at a time."""
     lm = _target_lm(target)
@@ -103,7 +106,7 @@ def _generate(
         count, lm.device, seeds=inputs.seed_list(seeds, count), generator=generator, **sampling
     )
     eos = inputs.eos_ids(eos_token_id)
-    run = Run(lm, drafter, k, method, state, eos, on_tokens, on_progress, adaptive, on_finish)
+    run = Run(lm, drafter, k, method, state, eos, on_tokens, on_progress, adaptive, on_finish, tree)
     results: list[list[int]] = [[] for _ in prompt_ids]
     with torch.inference_mode():
         stats = decode(run, prompt_ids, budgets, batch_size, results)
@@ -148,6 +151,15 @@ def _as_drafter(drafter: object, lm: CachedLM) -> Drafter:
     return drafter if isinstance(drafter, ModelDrafter) else ModelDrafter(drafter)
 
 
+def _tree_rule(tree: object, method: str, source: Drafter) -> str:
+    """The tree rule of a tree run: ``method``, or the rule ``tree.drafting`` calls for."""
+    if not isinstance(tree, TreeShape):
+        raise TypeError(f"tree must be a TreeShape, got {type(tree).__name__}")
+    if not isinstance(source, ModelDrafter):
+        raise ValueError(f"tree drafting needs a draft model; the {source.name} drafter has none")
+    return tree_method(cast(Drafting, tree.drafting), None if method == "chain" else method)
+
+
 def _check_context(k: int, lm: CachedLM) -> None:
     """Refuse a ``k`` that is not below the target's context."""
     if lm.max_positions is not None and k >= lm.max_positions:
@@ -177,6 +189,7 @@ def speculative_generate(
     on_progress: ProgressCallback | None = None,
     on_finish: FinishCallback | None = None,
     adaptive: bool = True,
+    tree: TreeShape | None = None,
 ) -> GenerationOutput:
     """Generate from ``target`` with speculative decoding, a batch of prompts at a time.
 
@@ -236,6 +249,15 @@ def speculative_generate(
         acceptance seen so far and the measured step times (:mod:`specsample.generate.policy`;
         0 is a plain decoding step). The choice reads nothing of the step's own randomness,
         so the output law is unchanged. On by default; ``False`` drafts ``k`` every step.
+    tree : TreeShape, optional
+        Draft a token tree of this shape every step instead of a chain
+        (:mod:`specsample.generate.tree`): the draft model (``drafter`` must be one) expands
+        it a level per forward, the target scores every node of every sequence's tree in ONE
+        forward with a tree attention mask, and only the accepted path's cache slots are
+        kept. ``method`` is then a tree rule exact for ``tree.drafting``
+        (:func:`specsample.rules.tree.tree_method`; the default ``"chain"`` stands for the
+        rule derived from it), ``k`` and ``adaptive`` are ignored, and greedy rows follow
+        the target's argmax down the tree.
 
     Returns
     -------
@@ -253,12 +275,15 @@ def speculative_generate(
         the target's (both sizes named, before either model decodes); a model that does not
         honour a masked cache.
     """
-    inputs.check_int("k", k, 1, MAX_K)
-    check_method(method, chain_methods(lossy=True))
     lm = _target_lm(target)
-    _check_context(k, lm)
     source = _as_drafter(drafter, lm)
-    if METHODS[method].needs_draft_probs and not source.samples:
+    if tree is not None:
+        method, k = _tree_rule(tree, method, source), tree.depth
+    else:
+        check_method(method, chain_methods(lossy=True))
+    inputs.check_int("k", k, 1, MAX_K)
+    _check_context(k if tree is None else tree.nodes, lm)
+    if tree is None and METHODS[method].needs_draft_probs and not source.samples:
         raise ValueError(
             f"method={method!r} needs draft distributions, which the {source.name} drafter "
             "does not provide; use method='chain'"
@@ -278,7 +303,8 @@ def speculative_generate(
         on_tokens=on_tokens,
         on_progress=on_progress,
         on_finish=on_finish,
-        adaptive=_flag("adaptive", adaptive),
+        adaptive=_flag("adaptive", adaptive) and tree is None,
+        tree=tree,
     )
 
 
