@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import torch
 
@@ -25,7 +25,13 @@ from specsample.generate.state import DecodeState, Prefill, SamplingState
 from specsample.generate.stats import GenerationStats
 from specsample.generate.tree import TreeLayout, TreeShape
 from specsample.metadata import BatchLayout
-from specsample.rules.tree import Drafting, TreeMethod, tree_verify, tree_verify_greedy
+from specsample.rules.tree import (
+    Drafting,
+    TreeMethod,
+    traversal_verify,
+    tree_verify,
+    tree_verify_greedy,
+)
 from specsample.rules.typical import typical_acceptance
 
 TokenCallback = Callable[[int, list[int]], None]
@@ -252,19 +258,29 @@ class _Batch:
             )
         else:
             seeding = self.sampling.seeding
-            out = tree_verify(
-                self.sampling.probs(logits),
-                tokens,
-                layout.parents,
-                drafting=cast(Drafting, shape.drafting),
-                draft_probs=proposal.probs,
-                method=cast(TreeMethod, self.method),
-                max_depth=depth,
-                max_children=width,
-                seeds=seeding.seeds,
-                generator=seeding.generator,
-                positions=state.lengths,
-            )
+            common: dict[str, Any] = {
+                "drafting": cast(Drafting, shape.drafting),
+                "max_depth": depth,
+                "max_children": width,
+                "seeds": seeding.seeds,
+                "generator": seeding.generator,
+                "positions": state.lengths,
+            }
+            probs = self.sampling.probs(logits)
+            if self.method == "traversal" and proposal.probs is not None:
+                out = traversal_verify(
+                    probs, tokens, layout.parents, draft_probs=proposal.probs, **common
+                )
+            else:
+                method = cast(TreeMethod, self.method)
+                out = tree_verify(
+                    probs,
+                    tokens,
+                    layout.parents,
+                    draft_probs=proposal.probs,
+                    method=method,
+                    **common,
+                )
         nodes = torch.arange(tokens.shape[1], device=tokens.device)
         on_path = (out.path.unsqueeze(2) == nodes).any(dim=1)
         take, finished = self._commit(out.token_ids, out.num_emitted, valid=on_path)

@@ -50,7 +50,7 @@ from specsample.generate.stats import GenerationStats
 from specsample.generate.tree import TreeShape
 from specsample.metadata import Scalars
 from specsample.methods import METHODS, chain_methods, check_method
-from specsample.rules.tree import Drafting, tree_method
+from specsample.rules.tree import Drafting, check_traversal_drafting, tree_method
 
 MAX_K = 64
 """Most drafts per step. Every step costs ``k`` draft forwards and a target forward over
@@ -157,7 +157,11 @@ def _tree_rule(tree: object, method: str, source: Drafter) -> str:
         raise TypeError(f"tree must be a TreeShape, got {type(tree).__name__}")
     if not isinstance(source, ModelDrafter):
         raise ValueError(f"tree drafting needs a draft model; the {source.name} drafter has none")
-    return tree_method(cast(Drafting, tree.drafting), None if method == "chain" else method)
+    drafting = cast(Drafting, tree.drafting)
+    if method == "traversal":
+        check_traversal_drafting(drafting)
+        return method
+    return tree_method(drafting, None if method == "chain" else method)
 
 
 def _check_context(k: int, lm: CachedLM) -> None:
@@ -256,8 +260,9 @@ def speculative_generate(
         forward with a tree attention mask, and only the accepted path's cache slots are
         kept. ``method`` is then a tree rule exact for ``tree.drafting``
         (:func:`specsample.rules.tree.tree_method`; the default ``"chain"`` stands for the
-        rule derived from it), ``k`` and ``adaptive`` are ignored, and greedy rows follow
-        the target's argmax down the tree.
+        rule derived from it), or ``"traversal"`` (traversal verification, for sampled
+        children), ``k`` and ``adaptive`` are ignored, and greedy rows follow the target's
+        argmax down the tree.
 
     Returns
     -------
