@@ -286,7 +286,7 @@ class BatchLayout:
                 )
             num_draft_tokens = num_draft_tokens.tolist()
         counts = _host_counts(num_draft_tokens)
-        widest = max(counts, default=0)
+        widest = max([0, *counts])
         if max_drafts is not None and max_drafts < widest:
             raise ValueError(
                 f"max_draft_tokens is {max_drafts} but a request has {widest} draft tokens"

@@ -53,6 +53,8 @@ class Stream(enum.IntEnum):
         Its final draw.
     DRAFT
         The draft model's samples in the generation loop.
+    TRAVERSAL
+        The node tests and the final draw of traversal verification.
     """
 
     ACCEPT = 0
@@ -60,6 +62,7 @@ class Stream(enum.IntEnum):
     TREE_ACCEPT = 2
     TREE_FINAL = 3
     DRAFT = 4
+    TRAVERSAL = 5
 
 
 _STREAM_KEYS = {
@@ -68,6 +71,7 @@ _STREAM_KEYS = {
     Stream.TREE_ACCEPT: 0x1B56C4E9,
     Stream.TREE_FINAL: 0x3C6EF372,
     Stream.DRAFT: 0x5851F42D,
+    Stream.TRAVERSAL: 0x2F6B1C87,
 }
 if set(_STREAM_KEYS) != set(Stream) or len(set(_STREAM_KEYS.values())) != len(Stream):
     raise ImportError("every Stream needs a key of its own")
@@ -267,18 +271,10 @@ class Seeding:
         if self.shared_rows is not None:
             out = torch.zeros(self.batch, n, dtype=torch.float64, device=device)
             if self.shared_rows.shape[0]:
-                drawn = torch.rand(
-                    self.shared_rows.shape[0],
-                    n,
-                    dtype=torch.float64,
-                    device=device,
-                    generator=self.generator,
-                )
+                drawn = _rand(self.shared_rows.shape[0], n, device, self.generator)
                 out.index_copy_(0, self.shared_rows, drawn)
         else:
-            out = torch.rand(
-                self.batch, n, dtype=torch.float64, device=device, generator=self.generator
-            )
+            out = _rand(self.batch, n, device, self.generator)
             if self.seeds is not None or self.generators:
                 shared = torch.ones(self.batch, dtype=torch.bool, device=device)
                 if self.seeds is not None:
@@ -320,6 +316,19 @@ class Seeding:
             key = stream_key(self.seeds, stream)
             self._keys[stream] = key
         return key
+
+
+def _rand(
+    rows: int, n: int, device: torch.device, generator: torch.Generator | None
+) -> torch.Tensor:
+    """``[rows, n]`` float64 ``torch.rand``, passing ``generator=`` only when there is one.
+
+    :func:`torch.compile` refuses an explicit ``generator=None`` once the sizes are symbolic
+    (a batch whose shape changes between calls).
+    """
+    if generator is None:
+        return torch.rand(rows, n, dtype=torch.float64, device=device)
+    return torch.rand(rows, n, dtype=torch.float64, device=device, generator=generator)
 
 
 def stripe(

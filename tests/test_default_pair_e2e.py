@@ -13,9 +13,10 @@
   steps and new rows join batches whose other rows are mid-sequence; only the first two
   tokens are counted, so the law they follow must not depend on who shares the batch. The
   same test, on a quarter of the rows, rejects Medusa's typical acceptance (lossy) with
-  p < 1e-5. Tree drafting (three i.i.d. children of the root, verified by the token-level
-  rule, over steps that feed the accepted leaf of one tree with the next) passes the same
-  test, with the same false-failure rate.
+  p < 1e-5. Tree drafting passes the same test, with the same false-failure rate: three i.i.d.
+  children of the root verified by the token-level rule (where one step emits one token,
+  the next step feeds its accepted leaf to the draft model first), and two i.i.d. children
+  with a child each verified by traversal verification.
 * Temperature 0: speculative output equals target-only greedy output token for token, and
   both equal ``transformers``' own greedy ``generate``. The models run in float64 here, so
   that no near-tie between two logits can flip an argmax between the different batch shapes
@@ -139,7 +140,7 @@ def test_first_two_tokens_follow_the_target(shipped: dict[str, Any], method: str
     assert pvalue > ALPHA
 
 
-TREE_SHAPES = {"mss": TreeShape((3,), "iid")}
+TREE_SHAPES = {"mss": TreeShape((3,), "iid"), "traversal": TreeShape((2, 1), "iid")}
 """The tree of each tree rule's chi-square test (drafted as the rule requires)."""
 
 
@@ -149,7 +150,7 @@ def test_first_two_tokens_follow_the_target_with_tree_drafts(
 ) -> None:
     """The two-token joint test on tree drafting, one forward per tree for every sequence."""
     prompt = shipped["tokenizer"].encode(PROMPT)
-    budgets = [2 + i % 3 for i in range(ROWS)]
+    budgets = [2] * ROWS
     out = speculative_generate(
         shipped["target"],
         [prompt] * ROWS,
