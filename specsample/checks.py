@@ -351,11 +351,20 @@ def check_logits_values(
     draft_rows: torch.Tensor | None,
     draft_name: str,
 ) -> None:
-    """The strict-mode value checks of :func:`specsample.verify` (synchronise)."""
+    """The strict-mode value checks of :func:`specsample.verify` (synchronise).
+
+    Target logits must hold no NaN and draft ids lie in the vocabulary; draft probabilities
+    must be finite, non-negative and sum to 1 per row (as for the samplers), draft logits
+    hold no NaN.
+    """
     vocab = target_logits.shape[-1]
     if bool(torch.isnan(target_logits).any()):
         raise ValueError("target_logits contains NaN")
     if draft_token_ids.numel() and bool(((draft_token_ids < 0) | (draft_token_ids >= vocab)).any()):
         raise ValueError(f"draft_token_ids must lie in [0, {vocab})")
-    if draft_rows is not None and bool(torch.isnan(draft_rows).any()):
+    if draft_rows is None:
+        return
+    if draft_name == "draft_probs":
+        _check_probs(draft_name, draft_rows)
+    elif bool(torch.isnan(draft_rows).any()):
         raise ValueError(f"{draft_name} contains NaN")

@@ -187,3 +187,31 @@ def test_strict_errors_report_the_offending_value() -> None:
     inputs = _replace("draft_token_ids", _set((1, 1), 99))()
     with pytest.raises(ValueError, match=r"draft_token_ids must lie in \[0, 6\), found 99"):
         _call(RejectionSampler(strict_mode=True), inputs)
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ([0.5, 0.7, -0.2, 0.0], "negative"),
+        ([0.5, 0.7, 0.2, 0.0], "sum to 1"),
+        ([float("inf"), 0.0, 0.0, 0.0], "non-finite"),
+        ([float("nan"), 0.0, 0.0, 1.0], "non-finite"),
+    ],
+)
+def test_strict_verify_checks_draft_probabilities_like_the_sampler(
+    row: list[float], message: str
+) -> None:
+    """``verify(strict=True)`` refuses draft rows that are not distributions.
+
+    A negative draft probability would otherwise accept a token the target gives
+    probability 0 (token 2 here, whose target logit is -inf).
+    """
+    from specsample import verify
+
+    logits = torch.tensor([[0.0, 0.0, -float("inf"), 0.0], [0.0, 0.0, 0.0, 0.0]])
+    drafts, probs = torch.tensor([2]), torch.tensor([row])
+    with pytest.raises(ValueError, match=f"draft_probs .*{message}"):
+        verify(logits, drafts, [1], temperature=1.0, draft_probs=probs, strict=True, seeds=[1])
+    uniform = torch.full((1, 4), 0.25)
+    out = verify(logits, drafts, [1], temperature=1.0, draft_probs=uniform, strict=True, seeds=[1])
+    assert out.token_ids[0, 0] != 2
