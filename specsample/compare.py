@@ -3,12 +3,17 @@
 For a draft/target pair (a :class:`specsample.testing.Family`: rows that depend on the
 position and on the previous token; the pair for a shorter ``k`` is the first ``k``
 positions of the longest) and each draft length ``k``, one set of chains is
-drafted and verified by every chain rule (token-by-token, block, typical acceptance); a
-tree of i.i.d. children (``branching`` per node, ``k`` levels, drafted from the same draft
-rows) is verified by the exact rule for i.i.d. drafting (``"mss"``). The rule names are
-those of :mod:`specsample.methods`. The mean number of tokens emitted per step
-is reported with a 95% confidence interval, next to its exact value where it is known
-(token-by-token and block, from :meth:`specsample.testing.Family.accepted_length_law`).
+drafted and verified by every chain rule (token-by-token, block, typical acceptance); one
+set of trees of i.i.d. children (``branching`` per node, ``k`` levels, drafted from the same
+draft rows) is verified by the top-down rule for i.i.d. drafting (``"mss"``) and by
+traversal verification (``"traversal"``, :func:`specsample.rules.tree.traversal_verify`).
+The rule names are those of :mod:`specsample.methods`. The mean number of tokens emitted per
+step is reported with a 95% confidence interval, next to its exact value where it is known:
+token-by-token and block from :meth:`specsample.testing.Family.accepted_length_law`; MSS
+and traversal from recursions over the tree's levels, which hold because with i.i.d.
+children the state of a node after a rejected child does not depend on that child's token
+(for MSS every level is then a closed form; traversal's recursion evaluates
+``(branching * vocab) ** k`` weights, at most :data:`TREE_RECURSION_LIMIT`).
 
 Typical acceptance is NOT exact: it is listed for its speed, not as an alternative that
 preserves the target distribution.
@@ -29,7 +34,12 @@ import torch
 from specsample.methods import METHODS, chain_methods
 from specsample.rules.block import block_verify
 from specsample.rules.chain import chain_verify
-from specsample.rules.tree import Drafting, tree_method, tree_verify
+from specsample.rules.tree import (
+    Drafting,
+    traversal_verify,
+    tree_method,
+    tree_verify,
+)
 from specsample.rules.typical import typical_acceptance
 from specsample.testing import (
     BLOCK_ENUMERATION_LIMIT,
@@ -47,9 +57,17 @@ _TREE_RULE = tree_method(_TREE_DRAFTING)
 RULES = (
     *chain_methods(),
     _TREE_RULE,
+    "traversal",
     *(name for name in chain_methods(lossy=True) if not METHODS[name].exact),
 )
-"""Rules compared, in table order: the exact chain rules, the tree rule, the lossy ones."""
+"""Rules compared, in table order: the exact chain rules, the tree rules, the lossy ones."""
+
+TREE_RULES = (_TREE_RULE, "traversal")
+"""The rules run on the trees (the same trees for both)."""
+
+TREE_RECURSION_LIMIT = 1 << 22
+"""Most ``(branching * vocab) ** k`` (weights at the deepest level) of the recursion that gives
+the exact value of traversal (``k <= 5`` at the default ``vocab = 8``, ``branching = 2``)."""
 
 MAX_K = 64
 """Longest draft (deepest tree) :func:`compare_rules` takes."""
@@ -148,28 +166,32 @@ def _tree_nodes(k: int, branching: int) -> int:
     return sum(branching**depth for depth in range(1, k + 1))
 
 
+def _tree_layout(k: int, branching: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``parents`` and ``depth`` ``[nodes + 1]`` int64 of the full tree, breadth first."""
+    parents, depth = [torch.tensor([-1])], [torch.tensor([0])]
+    count, width = 1, 1
+    for level in range(1, k + 1):
+        parents.append((count - width + torch.arange(width)).repeat_interleave(branching))
+        count, width = count + width * branching, width * branching
+        depth.append(torch.full((width,), level))
+    return torch.cat(parents), torch.cat(depth)
+
+
 def _tree_inputs(
     family: Family, rows: int, branching: int, generator: torch.Generator
 ) -> tuple[torch.Tensor, ...]:
     """An i.i.d. tree per row: ``branching`` children per node, ``k`` levels, breadth first."""
     vocab = family.vocab
     tokens = [torch.full((rows, 1), family.start)]
-    parents = [torch.tensor([-1])]
-    count = 1
     for depth in range(family.k):
-        prev = tokens[-1]
-        rows_p = family.draft[depth, prev].reshape(-1, vocab).to(torch.float64)
+        rows_p = family.draft[depth, tokens[-1]].reshape(-1, vocab).to(torch.float64)
         drawn = torch.multinomial(rows_p, branching, replacement=True, generator=generator)
         tokens.append(drawn.view(rows, -1))
-        width = prev.shape[1]
-        parents.append((count - width + torch.arange(width)).repeat_interleave(branching))
-        count += width * branching
     node_tokens = torch.cat(tokens, dim=1)
-    depth_of = torch.cat([torch.full((t.shape[1],), d) for d, t in enumerate(tokens)])
+    parents, depth_of = _tree_layout(family.k, branching)
     target = family.target[depth_of, node_tokens]
-    draft_depth = depth_of.clamp(max=family.k - 1)
-    draft = family.draft[draft_depth, node_tokens]
-    return target, node_tokens, torch.cat(parents), draft
+    draft = family.draft[depth_of.clamp(max=family.k - 1), node_tokens]
+    return target, node_tokens, parents, draft
 
 
 def _chain_rules(family: Family, rows: int, seed: int) -> dict[str, torch.Tensor]:
@@ -187,21 +209,108 @@ def _chain_rules(family: Family, rows: int, seed: int) -> dict[str, torch.Tensor
     }
 
 
-def _tree_rule(family: Family, rows: int, branching: int, seed: int) -> torch.Tensor:
-    """``[rows]`` tokens emitted per step by the tree rule."""
+def _tree_rules(family: Family, rows: int, branching: int, seed: int) -> dict[str, torch.Tensor]:
+    """``[rows]`` tokens emitted per step by every tree rule, on one set of trees."""
     generator = torch.Generator().manual_seed(seed + 2)
     target, tokens, parents, draft = _tree_inputs(family, rows, branching, generator)
-    return tree_verify(
-        target, tokens, parents, drafting=_TREE_DRAFTING, draft_probs=draft, generator=generator
-    ).num_emitted
+    args = (target, tokens, parents)
+    return {
+        _TREE_RULE: tree_verify(
+            *args, drafting=_TREE_DRAFTING, draft_probs=draft, generator=generator
+        ).num_emitted,
+        "traversal": traversal_verify(
+            *args, drafting=_TREE_DRAFTING, draft_probs=draft, generator=generator
+        ).num_emitted,
+    }
 
 
-def _theory(family: Family, rule: str) -> float:
+def _exact_rows(family: Family) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target ``[k + 1, vocab, vocab]`` and draft ``[k, vocab, vocab]`` rows in float64."""
+    draft = family.draft.to(torch.float64)
+    return family.reference(), draft / draft.sum(dim=-1, keepdim=True)
+
+
+def _mss_theory(family: Family, branching: int) -> float:
+    """Exact tokens per step of MSS on the i.i.d. trees.
+
+    ``E_d(t)``, the tokens accepted below a node of depth ``d`` and token ``t``, is 0 at depth
+    ``k``; above, child ``j`` is tried after ``j`` rejections, each with probability
+    ``1 - sum min(p, q_j)``, and accepted with token ``x`` with probability
+    ``min(p(x), q_j(x))``, where ``q_0 = q`` and ``q_{j+1} = normalize(max(q_j - p, 0))`` does
+    not depend on the rejected tokens.
+    """
+    target, draft = _exact_rows(family)
+    below = torch.zeros(family.vocab, dtype=torch.float64)
+    for depth in reversed(range(family.k)):
+        q, p = target[depth], draft[depth]
+        reach = torch.ones(family.vocab, dtype=torch.float64)
+        total = torch.zeros(family.vocab, dtype=torch.float64)
+        for _ in range(branching):
+            overlap = torch.minimum(q, p)
+            total = total + reach * (overlap @ (1.0 + below))
+            reach = reach * (1.0 - overlap.sum(dim=-1))
+            residual = (q - p).clamp(min=0.0)
+            mass = residual.sum(dim=-1, keepdim=True)
+            q = torch.where(mass > 0, residual / torch.where(mass > 0, mass, 1.0), q)
+        below = total
+    return 1.0 + float(below[family.start])
+
+
+def _traversal_theory(family: Family, branching: int) -> float:
+    """Exact tokens per step of traversal on the i.i.d. trees (``nan`` when
+    ``(branching * vocab) ** k`` exceeds :data:`TREE_RECURSION_LIMIT`).
+
+    ``G_d(t, w)``, the expected tokens emitted by a step that accepts inside the subtree of a
+    node of depth ``d``, token ``t`` and weight ``w``, is ``(k + 1) w`` at depth ``k``. Above,
+    the node's weight and rows after ``j`` deleted children, ``(w_j, q_j)``, do not depend on
+    the deleted tokens (i.i.d. children), a child's subtree is rejected with probability
+    ``1 - w_c`` (the invariant of :mod:`specsample.rules.tree.traversal`), so child ``j``
+    is reached with probability ``prod_{i < j} (1 - w_i + Z_i)`` and
+    ``G_d(t, w) = sum_j reach_j sum_x p(x) G_{d+1}(x, w_c) + reach_b w_b (d + 1)``.
+    """
+    vocab, k = family.vocab, family.k
+    if (branching * vocab) ** k > TREE_RECURSION_LIMIT:
+        return math.nan
+    target, draft = _exact_rows(family)
+    tokens = torch.arange(vocab)
+
+    def expected(depth: int, token: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if depth == k:
+            return w * (k + 1)
+        q, p = target[depth, token], draft[depth, token]
+        w_children, reach = [], [torch.ones_like(w)]
+        for _ in range(branching):
+            scaled = w.unsqueeze(-1) * q
+            ratio = (scaled / torch.where(p > 0, p, 1.0)).clamp(max=1.0)
+            w_children.append(torch.where(p > 0, ratio, (scaled > 0).to(torch.float64)))
+            residual = (scaled - p).clamp(min=0.0)
+            mass = residual.sum(dim=-1, keepdim=True)
+            reach.append(reach[-1] * (1.0 - w + mass.squeeze(-1)))
+            denominator = mass.squeeze(-1) + 1.0 - w
+            safe = torch.where(denominator > 0, denominator, 1.0)
+            rest = torch.where(denominator > 0, mass.squeeze(-1) / safe, 0.0)
+            w = torch.ones_like(w) if depth == 0 else rest
+            q = torch.where(mass > 0, residual / torch.where(mass > 0, mass, 1.0), q)
+        stacked = torch.stack(w_children, dim=1)
+        child = tokens.expand(stacked.shape).reshape(-1)
+        below = expected(depth + 1, child, stacked.reshape(-1)).view(stacked.shape)
+        inside = (p.unsqueeze(1) * below).sum(dim=-1)
+        return (torch.stack(reach[:-1], dim=1) * inside).sum(dim=1) + reach[-1] * w * (depth + 1)
+
+    start = torch.tensor([family.start])
+    return float(expected(0, start, torch.ones(1, dtype=torch.float64))[0])
+
+
+def _theory(family: Family, rule: str, branching: int) -> float:
     """Exact mean tokens per step of ``rule``; ``nan`` where unknown or too costly."""
     k = family.k
     if rule == "chain" or (rule == "block" and family.vocab**k <= BLOCK_ENUMERATION_LIMIT):
         lengths = torch.arange(k + 1, dtype=torch.float64)
         return float((family.accepted_length_law(rule) * lengths).sum()) + 1.0
+    if rule == _TREE_RULE:
+        return _mss_theory(family, branching)
+    if rule == "traversal":
+        return _traversal_theory(family, branching)
     return math.nan
 
 
@@ -213,12 +322,13 @@ def _family_results(family: Family, rows: int, branching: int, seed: int) -> lis
             moments[rule].add(emitted)
     nodes = _tree_nodes(family.k, branching)
     for chunk_seed, size in _chunks(rows, nodes + 1, family.vocab, seed):
-        moments[_TREE_RULE].add(_tree_rule(family, size, branching, chunk_seed))
+        for rule, emitted in _tree_rules(family, size, branching, chunk_seed).items():
+            moments[rule].add(emitted)
     results = []
     for rule in RULES:
         mean, half = moments[rule].summary()
         drafted = nodes if METHODS[rule].drafts == "tree" else family.k
-        theory = _theory(family, rule)
+        theory = _theory(family, rule, branching)
         exact = METHODS[rule].exact
         results.append(RuleResult(family.name, rule, family.k, drafted, mean, half, theory, exact))
     return results
@@ -306,8 +416,8 @@ def compare_rules(
     Examples
     --------
     >>> rows = compare_rules(["random"], [2], rows=500)
-    >>> [r.rule for r in rows], rows[0].drafted
-    (['chain', 'block', 'mss', 'typical'], 2)
+    >>> [r.rule for r in rows], rows[0].drafted, rows[3].drafted
+    (['chain', 'block', 'mss', 'traversal', 'typical'], 2, 6)
     """
     _check_arguments(families, ks, rows, vocab, branching)
     results = []
@@ -322,16 +432,17 @@ def compare_rules(
 def format_comparison(results: Sequence[RuleResult]) -> str:
     """A plain-text table of :func:`compare_rules` results."""
     lines = [
-        "Mean tokens per verification step (95% CI), same drafts for every chain rule",
-        f"{'family':<8} {'k':>2} {'rule':<8} {'drafted':>7} {'tokens/step':>18} {'exact value':>12}"
+        "Mean tokens per verification step (95% CI), the same chains for every chain rule "
+        "and the same trees for every tree rule",
+        f"{'family':<8} {'k':>2} {'rule':<9} {'drafted':>7} {'tokens/step':>18} {'exact value':>12}"
         "  note",
-        "-" * 72,
+        "-" * 73,
     ]
     for r in results:
         theory = "-" if math.isnan(r.theory) else f"{r.theory:.4f}"
         note = "" if r.exact else "NOT exact (lossy)"
         lines.append(
-            f"{r.family:<8} {r.k:>2} {r.rule:<8} {r.drafted:>7} "
+            f"{r.family:<8} {r.k:>2} {r.rule:<9} {r.drafted:>7} "
             f"{r.mean:>9.4f} +- {r.half_width:<6.4f} {theory:>12}  {note}"
         )
     return "\n".join(lines)

@@ -12,6 +12,8 @@ Examples
 ('chain', 'block', 'typical')
 >>> METHODS["block"].needs_draft_probs
 True
+>>> tree_methods()
+('mss', 'rrs', 'onehot', 'traversal')
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ METHODS: dict[str, Method] = {
         Method("mss", "tree", True, True, "multi-step speculative sampling (with replacement)"),
         Method("rrs", "tree", True, True, "recursive rejection sampling (without replacement)"),
         Method("onehot", "tree", True, False, "one-hot drafts (deterministic children)"),
+        Method(
+            "traversal", "tree", True, True, "traversal verification: leaf to root, whole paths"
+        ),
     )
 }
 """Every verification method, by name."""

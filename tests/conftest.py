@@ -1,4 +1,7 @@
-"""Shared test configuration: no network access, and the hypothesis profiles.
+"""Shared test configuration: no network access, one torch thread, the hypothesis profiles.
+
+The suite runs many small tensor operations, often on a shared machine (and in two worker
+processes), where extra torch threads only stall: every test runs with one.
 
 Two profiles are registered. ``ci`` (loaded by default, or by ``HYPOTHESIS_PROFILE``) is
 derandomised, so a CI run is reproducible, and keeps hypothesis' default of 100 examples
@@ -12,7 +15,10 @@ as many: the fuzz suite (``tests/test_fuzz.py``) scales its per-test budgets by
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
+import pytest
+import torch
 from hypothesis import HealthCheck, settings
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -34,3 +40,12 @@ settings.register_profile(
     max_examples=2000,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_thread() -> Iterator[None]:
+    """One torch thread for the whole run."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

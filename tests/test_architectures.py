@@ -53,7 +53,7 @@ from specsample.generate import (  # noqa: E402
     speculative_generate,
     target_generate,
 )
-from specsample.testing import MIN_EXPECTED, chi2_sf, detectable_tv  # noqa: E402
+from specsample.testing import detectable_tv, joint_test, two_token_joint  # noqa: E402
 
 VOCAB = 128
 HIDDEN = 32
@@ -252,15 +252,6 @@ FAMILIES: list[Family] = [
 ]
 BY_NAME = {family.name: family for family in FAMILIES}
 FAMILY_PARAMS = [pytest.param(family, id=family.name) for family in FAMILIES]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Any:
-    """One torch thread: many small ops, and a shared machine makes extra threads stall."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def tiny_config(family: Family, **overrides: Any) -> Any:
@@ -522,42 +513,6 @@ JOINT_ALPHA = 1e-5
 MAX_DETECTABLE_TV = 0.06
 
 
-def exact_joint(model: Any, prompt: list[int]) -> torch.Tensor:
-    """``[vocab, vocab]`` float64 ``q(x1) q(x2 | x1)`` at temperature 1, from full forwards."""
-    with torch.inference_mode():
-        first = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].double(), -1)
-        vocab = first.shape[0]
-        context = torch.tensor([prompt]).expand(vocab, -1)
-        ids = torch.cat([context, torch.arange(vocab).unsqueeze(1)], 1)
-        second = torch.softmax(model(ids).logits[:, -1].double(), -1)
-    return first.unsqueeze(1) * second
-
-
-def joint_pvalue(sequences: list[list[int]], joint: torch.Tensor) -> tuple[float, int]:
-    """p-value and degrees of freedom of a chi-square test of the first two tokens' counts.
-
-    Every pair expected ``MIN_EXPECTED`` times or more is a cell; the others are pooled into
-    one cell (merged into the smallest cell if the pool itself is expected too rarely).
-    """
-    vocab = joint.shape[0]
-    pairs = torch.tensor([s[:2] for s in sequences])
-    observed = torch.bincount(pairs[:, 0] * vocab + pairs[:, 1], minlength=vocab * vocab)
-    expected = joint.reshape(-1) * len(sequences)
-    big = expected >= MIN_EXPECTED
-    cell_observed, cell_expected = observed[big].double(), expected[big]
-    pool_observed, pool_expected = observed[~big].sum().double(), expected[~big].sum()
-    if pool_expected >= MIN_EXPECTED:
-        cell_observed = torch.cat([cell_observed, pool_observed.unsqueeze(0)])
-        cell_expected = torch.cat([cell_expected, pool_expected.unsqueeze(0)])
-    elif bool((~big).any()):
-        smallest = int(cell_expected.argmin())
-        cell_observed[smallest] += pool_observed
-        cell_expected[smallest] += pool_expected
-    statistic = float(((cell_observed - cell_expected) ** 2 / cell_expected).sum())
-    df = cell_expected.numel() - 1
-    return chi2_sf(statistic, df), df
-
-
 @pytest.mark.parametrize(
     ("family", "adaptive"),
     [
@@ -576,9 +531,9 @@ def test_two_token_joint_follows_the_target(family: Family, adaptive: bool) -> N
     generates ``JOINT_ROWS`` seeded sequences. Their first two tokens are tested against the
     exact joint ``q(x1) q(x2 | x1)``, computed from full forwards of the target alone (with
     ``transformers``' own window masks), by one chi-square test (cells as in
-    :func:`joint_pvalue`). The test fails a correct loop with probability ``JOINT_ALPHA`` =
-    1e-5 (2e-5 for the two families); the smallest total-variation deviation of the joint it
-    detects with probability 0.99 is printed and asserted to be at most
+    :func:`specsample.testing.joint_test`). The test fails a correct loop with probability
+    ``JOINT_ALPHA`` = 1e-5 (2e-5 for the two families); the smallest total-variation
+    deviation of the joint it detects with probability 0.99 is printed and asserted to be at most
     ``MAX_DETECTABLE_TV`` = 0.06, and ignoring the window (the same weights without it) is
     asserted to move the joint by more than that.
     """
@@ -589,8 +544,8 @@ def test_two_token_joint_follows_the_target(family: Family, adaptive: bool) -> N
     }
     target = build(family, seed=JOINT_SEED, **sizes)
     draft = perturbed(target, seed=3, scale=0.3)
-    joint = exact_joint(target, JOINT_PROMPT)
-    without = exact_joint(unwindowed(family, target, **sizes), JOINT_PROMPT)
+    joint = two_token_joint(target, JOINT_PROMPT)
+    without = two_token_joint(unwindowed(family, target, **sizes), JOINT_PROMPT)
     window_tv = 0.5 * float((without - joint).abs().sum())
     budgets = [2 + i % 3 for i in range(JOINT_ROWS)]
     out = served_or_refused(
@@ -612,7 +567,7 @@ def test_two_token_joint_follows_the_target(family: Family, adaptive: bool) -> N
     assert [len(s) for s in out.sequences] == budgets
     assert 0.0 < out.stats.acceptance_rate < 1.0
     assert out.stats.accepted_counts[0] > 0, "no step rejected its first draft"
-    pvalue, df = joint_pvalue(out.sequences, joint)
+    pvalue, df = joint_test(out.sequences, joint)
     tv = detectable_tv(JOINT_ROWS, df, JOINT_ALPHA)
     print(
         f"{family.name}: p = {pvalue:.3g} ({df} df), detects TV >= {tv:.3f}, window {window_tv:.3f}"

@@ -1,22 +1,21 @@
 """End to end with the shipped default pair: speculative generation keeps the target's law.
 
 * Temperature 1: the first two tokens generated after a fixed prompt, over ``ROWS`` seeded
-  sequences, are compared with the target's exact two-token joint
-  ``q(x1) q(x2 | x1)`` (computed from the target alone) by one chi-square test per rule
-  (chain and block). The cells are fixed before sampling: every ``(x1, x2)`` with expected
-  count >= 5 for the ``x1`` whose expected count is >= 5, one pooled cell per such ``x1`` for
-  its other ``x2``, and one pooled cell for every other ``x1``. Each test fails a correct
-  sampler with probability ``ALPHA`` = 1e-5 (2e-5 for the two); the smallest total-variation
-  deviation of the joint that each detects with probability 0.99 is printed and asserted to be
-  below ``MAX_DETECTABLE_TV``. The runs use the defaults, adaptive draft lengths and
-  continuous batching: the rows get budgets of 2, 3 or 4 tokens, so they finish at different
-  steps and new rows join batches whose other rows are mid-sequence; only the first two
-  tokens are counted, so the law they follow must not depend on who shares the batch. The
-  same test, on a quarter of the rows, rejects Medusa's typical acceptance (lossy) with
-  p < 1e-5. Tree drafting passes the same test, with the same false-failure rate: three i.i.d.
-  children of the root verified by the token-level rule (where one step emits one token,
-  the next step feeds its accepted leaf to the draft model first), and two i.i.d. children
-  with a child each verified by traversal verification.
+  sequences, are compared with the target's exact two-token joint ``q(x1) q(x2 | x1)``
+  (computed from the target alone) by one chi-square test per rule (chain and block;
+  :func:`specsample.testing.joint_test`). The cells are fixed before sampling: every ``(x1,
+  x2)`` with expected count >= 5, and one pooled cell for the rest. Each test fails a
+  correct sampler with probability ``ALPHA`` = 1e-5 (2e-5 for the two); the smallest total-
+  variation deviation of the joint that each detects with probability 0.99 is printed and
+  asserted to be below ``MAX_DETECTABLE_TV``. The runs use the defaults, adaptive draft
+  lengths and continuous batching: the rows get budgets of 2, 3 or 4 tokens, so they finish
+  at different steps and new rows join batches whose other rows are mid-sequence; only the
+  first two tokens are counted, so the law they follow must not depend on who shares the
+  batch. The same test, on a quarter of the rows, rejects Medusa's typical acceptance
+  (lossy) with p < 1e-5. Tree drafting passes the same test, with the same false-failure
+  rate: three i.i.d. children of the root verified by the token-level rule (where one step
+  emits one token, the next step feeds its accepted leaf to the draft model first), and two
+  i.i.d. children with a child each verified by traversal verification.
 * Temperature 0: speculative output equals target-only greedy output token for token, and
   both equal ``transformers``' own greedy ``generate``. The models run in float64 here, so
   that no near-tie between two logits can flip an argmax between the different batch shapes
@@ -25,17 +24,15 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-scipy_stats = pytest.importorskip("scipy.stats")
 
 from specsample.generate import TreeShape, hf, speculative_generate, target_generate  # noqa: E402
-from specsample.testing import detectable_tv  # noqa: E402
+from specsample.testing import detectable_tv, joint_test, two_token_joint  # noqa: E402
 
 PROMPT = "self"
 ROWS = 12_000
@@ -45,15 +42,6 @@ ALPHA = 1e-5
 MAX_DETECTABLE_TV = 0.07
 GREEDY_PROMPTS = ("def parse(text):", "class Node:\n    def __init__(self, value):", "    for")
 GREEDY_TOKENS = 96
-
-
-@pytest.fixture(scope="module", autouse=True)
-def offline_one_thread() -> Any:
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -71,48 +59,6 @@ def shipped(dirs: tuple[Any, Any]) -> dict[str, Any]:
         "target": hf.load_model(dirs[0], role="target"),
         "draft": hf.load_model(dirs[1], role="draft"),
     }
-
-
-def exact_joint(target: Any, prompt: list[int]) -> torch.Tensor:
-    """``[vocab, vocab]`` float64 ``q(x1) q(x2 | x1)`` at temperature 1, from the target alone."""
-    with torch.inference_mode():
-        first = torch.softmax(target(torch.tensor([prompt])).logits[0, -1].double(), -1)
-        vocab = first.shape[0]
-        rows = []
-        for start in range(0, vocab, 512):
-            tokens = torch.arange(start, min(start + 512, vocab)).unsqueeze(1)
-            ids = torch.cat([torch.tensor([prompt]).expand(tokens.shape[0], -1), tokens], 1)
-            rows.append(torch.softmax(target(ids).logits[:, -1].double(), -1))
-    return first.unsqueeze(1) * torch.cat(rows)
-
-
-def cells(joint: torch.Tensor, rows: int) -> torch.Tensor:
-    """``[vocab, vocab]`` int64 cell index of every pair (see the module docstring)."""
-    vocab = joint.shape[0]
-    expected = joint * rows
-    frequent = expected.sum(dim=1) >= 5
-    index = torch.full((vocab, vocab), -1, dtype=torch.int64)
-    own = frequent.unsqueeze(1) & (expected >= 5)
-    index[own] = torch.arange(int(own.sum()))
-    pooled = torch.cumsum(frequent.to(torch.int64), 0) - 1 + int(own.sum())
-    rest = frequent.unsqueeze(1) & ~own
-    index = torch.where(rest, pooled.unsqueeze(1).expand(-1, vocab), index)
-    return torch.where(index < 0, int(own.sum()) + int(frequent.sum()), index)
-
-
-def chi_square(sequences: list[list[int]], joint: torch.Tensor) -> tuple[float, int]:
-    """p-value and degrees of freedom of the two-token counts against ``joint``."""
-    vocab = joint.shape[0]
-    pairs = torch.tensor([s[:2] for s in sequences])
-    index = cells(joint, len(sequences))
-    size = int(index.max()) + 1
-    expected = torch.zeros(size, dtype=torch.float64).index_add_(
-        0, index.reshape(-1), joint.reshape(-1) * len(sequences)
-    )
-    observed = torch.bincount(index.reshape(-1)[pairs[:, 0] * vocab + pairs[:, 1]], minlength=size)
-    keep = expected > 0
-    result = scipy_stats.chisquare(observed[keep].double().numpy(), expected[keep].numpy())
-    return float(result.pvalue), int(keep.sum()) - 1
 
 
 @pytest.mark.parametrize("method", ["chain", "block"])
@@ -133,7 +79,7 @@ def test_first_two_tokens_follow_the_target(shipped: dict[str, Any], method: str
     assert [len(s) for s in out.sequences] == budgets
     assert 0.0 < out.stats.acceptance_rate < 1.0
     assert out.stats.accepted_counts[0] > 0, "no step rejected its first draft"
-    pvalue, df = chi_square(out.sequences, exact_joint(shipped["target"], prompt))
+    pvalue, df = joint_test(out.sequences, two_token_joint(shipped["target"], prompt))
     tv = detectable_tv(ROWS, df, ALPHA)
     print(f"{method}: chi-square p = {pvalue:.3g} ({df} df); detects TV >= {tv:.3f}")
     assert tv <= MAX_DETECTABLE_TV
@@ -164,7 +110,7 @@ def test_first_two_tokens_follow_the_target_with_tree_drafts(
     )
     assert [len(s) for s in out.sequences] == budgets
     assert out.stats.tokens_per_forward > 1.2
-    pvalue, df = chi_square(out.sequences, exact_joint(shipped["target"], prompt))
+    pvalue, df = joint_test(out.sequences, two_token_joint(shipped["target"], prompt))
     tv = detectable_tv(ROWS, df, ALPHA)
     print(f"tree {rule}: chi-square p = {pvalue:.3g} ({df} df); detects TV >= {tv:.3f}")
     assert tv <= MAX_DETECTABLE_TV
@@ -186,7 +132,7 @@ def test_the_joint_test_rejects_typical_acceptance(shipped: dict[str, Any]) -> N
         seeds=list(range(rows)),
         max_batch_size=BATCH,
     )
-    pvalue, _ = chi_square(out.sequences, exact_joint(shipped["target"], prompt))
+    pvalue, _ = joint_test(out.sequences, two_token_joint(shipped["target"], prompt))
     assert pvalue < ALPHA
 
 

@@ -85,15 +85,6 @@ def make_pair(seed: int = 0, **overrides: Any) -> tuple[Any, Any]:
     return target.double(), draft.double()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Any:
-    """One torch thread: many small ops, and a shared machine makes extra threads stall."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def pair() -> tuple[Any, Any]:
     return make_pair()

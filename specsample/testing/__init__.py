@@ -63,6 +63,7 @@ from specsample.testing.families import (
     check_table_size,
     make_family,
 )
+from specsample.testing.joint import joint_test, two_token_joint
 from specsample.testing.report import (
     ExactnessReport,
     PositionResult,
@@ -99,8 +100,10 @@ __all__ = [
     "detectable_tv",
     "draw_inputs",
     "exactness_report",
+    "joint_test",
     "make_family",
     "ncx2_sf",
     "simulate",
+    "two_token_joint",
     "well_formed",
 ]

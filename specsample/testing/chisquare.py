@@ -179,7 +179,7 @@ def detectable_tv(rows: int, df: int, alpha: float, power: float = 0.99) -> floa
     return math.sqrt(noncentrality / (4.0 * rows))
 
 
-def _cells(observed: torch.Tensor, expected: torch.Tensor) -> tuple[list[float], list[float]]:
+def pooled_cells(observed: torch.Tensor, expected: torch.Tensor) -> tuple[list[float], list[float]]:
     """Observed and expected counts of the cells tested, small cells pooled.
 
     Cells expected to hold fewer than :data:`MIN_EXPECTED` counts are pooled; a pool still
@@ -233,7 +233,7 @@ def _context_test(observed: torch.Tensor, probs: torch.Tensor) -> tuple[float, i
     """
     count = float(observed.sum())
     impossible = int(observed[probs == 0].sum())
-    cell_observed, cell_expected = _cells(observed, probs * count)
+    cell_observed, cell_expected = pooled_cells(observed, probs * count)
     if len(cell_expected) < 2:
         return 0.0, 0, impossible
     statistic = sum((o - e) ** 2 / e for o, e in zip(cell_observed, cell_expected, strict=True))

@@ -17,15 +17,18 @@ to ``i``), and ``draft_probs[b, i]`` the distribution node ``i``'s children were
 How the tree was drafted decides the rule, so :func:`tree_verify` always takes the drafting
 mode (``drafting``) and derives the rule from it:
 
-============================  ============  ====================================================
-``drafting``                  rule          children of a node
-============================  ============  ====================================================
-``"iid"``                     ``"mss"``     drawn independently, with replacement, from ``p_i``
-``"without_replacement"``     ``"rrs"``     drawn from ``p_i`` without replacement, in order
-                                            (sequentially, or by Gumbel-top-k)
-``"deterministic"``           ``"onehot"``  chosen without the verifier's randomness (draft
-                                            top-k, n-gram or suffix lookup, beams, ...)
-============================  ============  ====================================================
+=========================  ============  =========  ==============================================
+``drafting``               rule          traversal  children of a node
+=========================  ============  =========  ==============================================
+``"iid"``                  ``"mss"``     exact      drawn independently, with replacement, from
+                                                    ``p_i``
+``"without_replacement"``  ``"rrs"``     exact      drawn from ``p_i`` without replacement, in
+                                                    order (sequentially, or by Gumbel-top-k)
+``"deterministic"``        ``"onehot"``  refused    chosen without the verifier's randomness
+                                                    (draft top-k, n-gram or suffix lookup, ...)
+=========================  ============  =========  ==============================================
+
+The "traversal" column says whether :func:`traversal_verify` (below) is exact for the mode.
 
 * **MSS** (multi-round speculative sampling, SpecInfer): child ``x`` is accepted when
   ``u * p(x) < q(x)`` (probability ``min(1, q(x) / p(x))``); on rejection
@@ -47,6 +50,19 @@ MSS on children drawn without replacement is biased (it ignores that a later sib
 repeat an earlier one), RRS on i.i.d. children is biased (it assumes the opposite), and MSS
 or RRS without ``draft_probs`` cannot be run. Greedy decoding (temperature 0) has its own function,
 :func:`tree_verify_greedy`.
+
+**Traversal verification** (Weng, Hu et al. 2025, :func:`traversal_verify`, method
+``"traversal"``) tries the tree the other way, leaf to root in post-order: each node is
+tested with block verification's weight of its whole path,
+``w_c = min(1, w_parent q(x) / p(x))``, and a rejected node is deleted, its parent's target row
+replaced by ``normalize(max(w q - p, 0))`` and its weight by block verification's
+``Z / (Z + 1 - w)``, so that a path through a rejected ancestor's sibling can still be
+accepted. It needs ``draft_probs`` and is exact for ``"iid"`` children (the draft row is kept,
+as in MSS) and for ``"without_replacement"`` children (the draft row loses each rejected
+token, as in RRS); ``"deterministic"`` children are refused. On a chain it is block
+verification. Its uniforms are laid out per node (:func:`traversal_uniforms`), which is why
+it has its own entry point rather than a ``method`` of :func:`tree_verify`; the derivation is
+in :mod:`~specsample.rules.tree.traversal`.
 
 Edge cases, all of which keep the output exact:
 
@@ -72,10 +88,18 @@ that depend only on its seed and its absolute position (see
 
 The package is split in :mod:`~specsample.rules.tree.structure` (the tree's bounds, input
 checks, child table and walk), :mod:`~specsample.rules.tree.uniforms` (the step's random
-numbers) and :mod:`~specsample.rules.tree.verify` (the rules).
+numbers), :mod:`~specsample.rules.tree.verify` (the top-down rules) and
+:mod:`~specsample.rules.tree.traversal` (traversal verification).
 """
 
 from specsample.rules.tree.structure import TreeVerifyResult, tree_bounds
+from specsample.rules.tree.traversal import (
+    TRAVERSAL_DRAFTING,
+    check_traversal_drafting,
+    traversal_expected_tokens,
+    traversal_uniforms,
+    traversal_verify,
+)
 from specsample.rules.tree.uniforms import TREE_STRIDE, tree_uniforms
 from specsample.rules.tree.verify import (
     TREE_DRAFTING,
@@ -88,12 +112,17 @@ from specsample.rules.tree.verify import (
 )
 
 __all__ = [
+    "TRAVERSAL_DRAFTING",
     "TREE_DRAFTING",
     "TREE_METHODS",
     "TREE_STRIDE",
     "Drafting",
     "TreeMethod",
     "TreeVerifyResult",
+    "check_traversal_drafting",
+    "traversal_expected_tokens",
+    "traversal_uniforms",
+    "traversal_verify",
     "tree_bounds",
     "tree_method",
     "tree_uniforms",

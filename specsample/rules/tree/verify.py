@@ -102,6 +102,12 @@ def tree_method(drafting: str, method: str | None = None) -> str:
         raise TypeError(
             f"method must be a str, one of {TREE_METHODS}, or None, got {type(method).__name__}"
         )
+    if method == "traversal":
+        raise ValueError(
+            "method='traversal' has its own entry point, traversal_verify (its uniforms are "
+            "laid out per node); tree_verify runs the top-down rules "
+            f"{TREE_METHODS}"
+        )
     if method not in TREE_METHODS:
         raise ValueError(f"method must be one of {TREE_METHODS} or None, got {method!r}")
     reason = _BIASED.get((drafting, method))
@@ -201,6 +207,19 @@ def _draft_rows(
             "the children were drawn from; without them use method='onehot', exact for "
             "any children"
         )
+    return check_draft_probs(draft_probs, target_probs)
+
+
+def check_draft_probs(draft_probs: object, target_probs: torch.Tensor) -> torch.Tensor:
+    """``draft_probs``: a floating tensor of the shape and device of ``target_probs``.
+
+    Examples
+    --------
+    >>> check_draft_probs(torch.zeros(1, 2, 3), torch.zeros(1, 2, 4))
+    Traceback (most recent call last):
+    ...
+    ValueError: draft_probs must have the shape of target_probs (1, 2, 4), got (1, 2, 3)
+    """
     draft_probs = require_tensor("draft_probs", draft_probs)
     if draft_probs.shape != target_probs.shape:
         raise ValueError(
