@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from specsample import cli
 from specsample.generate import MAX_NEW_TOKENS, command, hf, jsonl, target_generate
@@ -31,15 +28,6 @@ SNIPPETS = (
     "return",
     "# compute the sum\n",
 )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def offline_one_thread() -> Iterator[None]:
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
