@@ -42,6 +42,12 @@ HISTORY_DECAY = 0.95
 TIME_DECAY = 0.7
 """Weight of the past in the timing averages (per observation)."""
 
+EXPLORE_EVERY = 16
+"""After this many steps in a row shorter than ``k_max``, one step drafts ``k_max`` again: its
+timing and the acceptance of the later positions are measured afresh (a step measured once,
+say while caches were cold, or a sequence whose first drafts failed, would otherwise keep
+the policy from ever drafting again)."""
+
 MARGIN = 0.05
 """A shorter draft length is chosen over ``k_max`` only if it is expected to be this much faster
 (noisy timings and acceptance averages would otherwise make it drift away from ``k_max``)."""
@@ -168,6 +174,7 @@ class DraftLengthPolicy:
         self.k_max = k_max
         self.acceptance = AcceptanceTracker(batch, k_max)
         self.costs: dict[int, CostModel] = {}
+        self.shorter = 0
 
     def _anchored(self, cost: CostModel) -> bool:
         return {1, self.k_max + 1} <= cost.target.keys() and cost.draft is not None
@@ -185,7 +192,15 @@ class DraftLengthPolicy:
         Until some batch size has timings at both ends, the first steps explore them
         (``k_max``, then 0, a plain step that is progress too); after that, the best ratio
         of expected tokens to expected time (``k_max`` unless another length is
-        :data:`MARGIN` better).
+        :data:`MARGIN` better), and ``k_max`` again after :data:`EXPLORE_EVERY` shorter
+        steps in a row.
+
+        Examples
+        --------
+        >>> policy = DraftLengthPolicy(k_max=2, batch=1)
+        >>> policy.record(2, [0], 0.05, 0.01); policy.record(0, [0], 0.01, 0.0)
+        >>> [policy.choose() for _ in range(EXPLORE_EVERY + 1)][-2:]
+        [0, 2]
         """
         if self.k_max == 0:
             return 0
@@ -201,7 +216,10 @@ class DraftLengthPolicy:
             for m in range(self.k_max + 1)
         ]
         best = max(range(self.k_max + 1), key=rates.__getitem__)
-        return best if rates[best] > (1.0 + MARGIN) * rates[self.k_max] else self.k_max
+        if rates[best] <= (1.0 + MARGIN) * rates[self.k_max] or self.shorter >= EXPLORE_EVERY:
+            best = self.k_max
+        self.shorter = 0 if best == self.k_max else self.shorter + 1
+        return best
 
     def record(
         self,
