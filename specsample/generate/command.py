@@ -45,7 +45,8 @@ from specsample.generate import hf, jsonl, loading
 from specsample.generate.inputs import MAX_NEW_TOKENS, eos_ids
 from specsample.generate.loop import MAX_K, speculative_generate, target_generate
 from specsample.generate.ngram import NGramDrafter
-from specsample.methods import METHODS, chain_methods
+from specsample.generate.tree import DRAFTINGS, MAX_TREE_NODES, TreeShape
+from specsample.methods import METHODS, chain_methods, tree_methods
 
 MAX_BATCH_SIZE = 1024
 """Most copies of the prompt (or, with ``--input``, sequences at once) ``--batch-size`` may
@@ -152,10 +153,30 @@ def _add_drafting_arguments(generate: argparse.ArgumentParser) -> None:
     lossy = [name for name in chain_methods(lossy=True) if name not in exact]
     generate.add_argument(
         "--method",
-        choices=chain_methods(lossy=True),
+        choices=[*chain_methods(lossy=True), *TREE_RULES],
         default="chain",
         help=f"verification rule: {' or '.join(exact)} (exact), {', '.join(lossy)} (LOSSY: the "
-        "output does not follow the target's distribution)",
+        "output does not follow the target's distribution); with --tree, one of "
+        f"{', '.join(TREE_RULES)} (default: the rule --tree-drafting calls for)",
+    )
+    generate.add_argument(
+        "--tree",
+        metavar="NODES",
+        type=int_in_range(2, MAX_TREE_NODES),
+        help="draft a token tree of at most NODES nodes per step with the draft model (two "
+        "branches from the root, each a chain), scored in one target forward",
+    )
+    generate.add_argument(
+        "--tree-shape",
+        metavar="C1,C2,...",
+        help="with --tree: children per node at each depth instead (e.g. 3,2,1)",
+    )
+    generate.add_argument(
+        "--tree-drafting",
+        choices=DRAFTINGS,
+        default="iid",
+        help="with --tree: how children are drawn (default iid; temperature 0 always takes the "
+        "draft's most likely tokens)",
     )
 
 
@@ -441,6 +462,12 @@ def _sampling_options(
     }
 
 
+def _slots(args: argparse.Namespace) -> int:
+    """Target slots a step scores per sequence: ``k + 1``, or the tree's nodes and root."""
+    shape = tree_shape(args)
+    return args.k + 1 if shape is None else shape.nodes + 1
+
+
 def _step_batch(k: int, target: Any) -> int:
     """Copies decoded at once: as many as keep one step's logits under :data:`STEP_VALUES`."""
     return max(1, STEP_VALUES // ((k + 1) * hf.vocab_size(target)))
@@ -451,7 +478,9 @@ def _warm_up(
 ) -> None:
     """Run both loops on two tokens, so that the timed runs compare warm code paths."""
     warm = {**common, "max_new_tokens": 2, "seeds": None}
-    speculative_generate(target, [prompt_ids], drafter, k=args.k, method=args.method, **warm)
+    speculative_generate(
+        target, [prompt_ids], drafter, k=args.k, method=args.method, tree=tree_shape(args), **warm
+    )
     target_generate(target, [prompt_ids], **warm)
 
 
@@ -508,6 +537,52 @@ def batch_size(args: argparse.Namespace) -> int:
     return FILE_BATCH_SIZE if args.input is not None else 1
 
 
+TREE_RULES = (*tree_methods(),)
+"""The rules ``--method`` accepts with ``--tree``."""
+
+
+def tree_shape(args: argparse.Namespace) -> TreeShape | None:
+    """The tree ``--tree`` and ``--tree-shape`` ask for (``None``: chain drafting).
+
+    Raises
+    ------
+    ValueError
+        A tree option without ``--tree``, with ``--ngram``, a chain-only ``--method``, a
+        malformed shape or one of more nodes than ``--tree`` allows.
+
+    Examples
+    --------
+    >>> parser = argparse.ArgumentParser()
+    >>> add_arguments(parser)
+    >>> tree_shape(parser.parse_args(["x", "--tree", "6"])).branching
+    (2, 1, 1)
+    """
+    if args.tree is None:
+        if args.tree_shape is not None:
+            raise ValueError("--tree-shape needs --tree NODES")
+        if args.method in TREE_RULES:
+            raise ValueError(f"--method {args.method} verifies token trees: it needs --tree NODES")
+        return None
+    if args.ngram:
+        raise ValueError("--tree drafts with the draft model; it cannot be used with --ngram")
+    if args.method not in ("chain", *TREE_RULES):
+        raise ValueError(f"--method {args.method} verifies chains; with --tree use {TREE_RULES}")
+    if args.tree_shape is None:
+        return TreeShape.for_budget(args.tree, args.tree_drafting)
+    try:
+        counts = [int(part) for part in args.tree_shape.split(",")]
+    except ValueError:
+        raise ValueError(
+            f"--tree-shape must be comma-separated counts such as 3,2,1, got {args.tree_shape!r}"
+        ) from None
+    shape = TreeShape.build(counts, args.tree_drafting)
+    if shape.nodes > args.tree:
+        raise ValueError(
+            f"--tree-shape {args.tree_shape} has {shape.nodes} nodes, more than --tree {args.tree}"
+        )
+    return shape
+
+
 def _check_sources(args: argparse.Namespace) -> None:
     """Refuse a prompt together with ``--input`` (or neither), and unpaired file options."""
     if args.input is not None and args.prompt is not None:
@@ -522,6 +597,7 @@ def _check_sources(args: argparse.Namespace) -> None:
         raise ValueError("--compare is not supported with --input")
     if args.system is not None and not args.chat:
         raise ValueError("--system needs --chat")
+    tree_shape(args)
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -564,7 +640,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         raise ValueError("the prompt is empty once tokenized")
     copies = batch_size(args)
     common = _sampling_options(args, tokenizer, target, copies)
-    common["max_batch_size"] = _step_batch(args.k, target)
+    common["max_batch_size"] = _step_batch(_slots(args) - 1, target)
     prompts = [prompt_ids] * copies
     if args.compare:
         _warm_up(args, target, drafter, prompt_ids, common)
@@ -577,6 +653,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         k=args.k,
         method=args.method,
         adaptive=not args.fixed_k,
+        tree=tree_shape(args),
         on_tokens=stream,
         on_progress=None if stream is not None else _Progress("speculative"),
         **common,
@@ -690,6 +767,7 @@ def _run_file(args: argparse.Namespace) -> int:
             k=args.k,
             method=args.method,
             adaptive=not args.fixed_k,
+            tree=tree_shape(args),
             temperature=[request.temperature for request in todo],
             top_k=[request.top_k for request in todo],
             top_p=[request.top_p for request in todo],
@@ -697,7 +775,7 @@ def _run_file(args: argparse.Namespace) -> int:
             max_new_tokens=[request.max_new_tokens for request in todo],
             eos_token_id=eos,
             seeds=[request.seed for request in todo],
-            max_batch_size=min(batch_size(args), _step_batch(args.k, target)),
+            max_batch_size=min(batch_size(args), _step_batch(_slots(args) - 1, target)),
             on_progress=_FileProgress(bar),
             on_finish=on_finish,
         )
