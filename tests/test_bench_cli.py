@@ -364,6 +364,7 @@ def test_cli_plot_without_matplotlib(model_dirs, capsys, monkeypatch, tmp_path) 
         (["--draft", "{missing}"], "does not exist"),
         (["--draft", "{draft}", "--method", "block", "--ngram"], "not both"),
         (["--draft", "{draft}", "-k", "0"], "argument -k: expected an integer in [1, 64]"),
+        (["--draft", "{draft}", "--seed", "-1"], "argument --seed: expected an integer in [0,"),
     ],
 )
 def test_cli_generate_errors(model_dirs, capsys, tmp_path, extra, message) -> None:
@@ -372,6 +373,13 @@ def test_cli_generate_errors(model_dirs, capsys, tmp_path, extra, message) -> No
     args += [a.format(**fill) for a in extra]
     assert main(args) != 0
     assert message in capsys.readouterr().err
+
+
+def test_cli_generate_refuses_a_prompt_that_is_not_text(model_dirs, capsys) -> None:
+    """Bytes that are not UTF-8 (decoded by Python to surrogates) are named as such."""
+    target = ["--target", str(model_dirs["target"]), "--ngram"]
+    assert main(["generate", "w1 \udcff", *target]) == 1
+    assert "the prompt is not valid text" in capsys.readouterr().err
 
 
 def test_cli_generate_needs_a_pair(model_dirs, capsys, monkeypatch, tmp_path) -> None:

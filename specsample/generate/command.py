@@ -206,7 +206,7 @@ def _add_sampling_arguments(generate: argparse.ArgumentParser) -> None:
     )
     generate.add_argument(
         "--seed",
-        type=int,
+        type=int_in_range(0, (1 << 63) - 1),
         default=None,
         help="seed of sequence i (with --input: of the file's i-th prompt, from 0) is SEED + i "
         "(default: unseeded)",
@@ -597,7 +597,19 @@ def _check_sources(args: argparse.Namespace) -> None:
         raise ValueError("--compare is not supported with --input")
     if args.system is not None and not args.chat:
         raise ValueError("--system needs --chat")
+    for name, text in (("the prompt", args.prompt), ("--system", args.system)):
+        if text is not None and not _is_text(text):
+            raise ValueError(f"{name} is not valid text: it holds bytes that are not UTF-8")
     tree_shape(args)
+
+
+def _is_text(value: str) -> bool:
+    """Whether ``value`` is text (command-line bytes that were not UTF-8 decode to surrogates)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def run_from_args(args: argparse.Namespace) -> int:
