@@ -134,7 +134,7 @@ def verify(
         validated; tensors on the batch's device are used without synchronising (checked
         only with ``strict``); tensors elsewhere are refused.
     seeds : sequence of (int or None), or tensor, optional
-        ``[batch]`` per-request seeds: host ints in ``[0, 2**63)`` (None or -1: unseeded), or
+        ``[batch]`` per-request seeds: host ints in ``[0, 2**64)`` (None or -1: unseeded), or
         an int64 or int32 tensor (negative: unseeded) on the CPU or the batch's device. A
         seeded request's output depends only on its seed, its ``positions`` entry and its
         own rows: not on its index or on the other requests.

@@ -213,6 +213,10 @@ class Seeding:
         ``i``-th row that reads the shared generator.
     generator : torch.Generator or None
         The shared generator (torch's default one when ``None``).
+    seeded : torch.Tensor or None
+        ``[batch]`` bool: the counter-seeded rows, when the seeds came from the host (where
+        seeds in ``[2**63, 2**64)`` are stored as the int64 of the same 64 bits, which is
+        negative); ``None``: the rows whose seed is ``>= 0``.
 
     Examples
     --------
@@ -226,6 +230,7 @@ class Seeding:
     generators: tuple[tuple[int, torch.Generator], ...]
     shared_rows: torch.Tensor | None
     generator: torch.Generator | None
+    seeded: torch.Tensor | None = None
     _keys: dict[Stream, torch.Tensor] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -258,13 +263,22 @@ class Seeding:
                 "generator of its own; give it one or the other"
             )
         shared = [i for i, s in enumerate(values) if s < 0 and i not in mine]
-        counter_seeds = None
+        counter_seeds = seeded = None
         if any(s >= 0 for s in values):
-            counter_seeds = torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
+            bits = [s - (1 << 64) if s >= 1 << 63 else s for s in values]
+            counter_seeds = torch.tensor(bits, dtype=torch.int64).to(device, non_blocking=True)
+            mask = torch.tensor([s >= 0 for s in values])
+            seeded = mask.to(device, non_blocking=True)
         rows = None
         if len(shared) < batch:
             rows = torch.tensor(shared, dtype=torch.int64).to(device, non_blocking=True)
-        return Seeding(batch, counter_seeds, own, rows, generator)
+        return Seeding(batch, counter_seeds, own, rows, generator, seeded)
+
+    def counter_rows(self) -> torch.Tensor | None:
+        """``[batch]`` bool: the counter-seeded rows (``None`` when there is none)."""
+        if self.seeds is None:
+            return None
+        return self.seeded if self.seeded is not None else self.seeds >= 0
 
     def _unseeded(self, n: int, device: torch.device) -> torch.Tensor:
         """``[batch, n]`` numbers of the rows that are not counter-seeded (others: filler)."""
@@ -277,8 +291,9 @@ class Seeding:
             out = _rand(self.batch, n, device, self.generator)
             if self.seeds is not None or self.generators:
                 shared = torch.ones(self.batch, dtype=torch.bool, device=device)
-                if self.seeds is not None:
-                    shared = self.seeds < 0
+                counted = self.counter_rows()
+                if counted is not None:
+                    shared = counted.logical_not()
                 for i, _ in self.generators:
                     shared[i] = False
                 out = out[(shared.to(torch.int64).cumsum(0) - 1).clamp_(min=0)]
@@ -299,7 +314,8 @@ class Seeding:
             return out
         drawn = [counter_uniform(seeds, c, s, key=self.key(s)) for s, c in parts if c.shape[1]]
         seeded = drawn[0] if len(drawn) == 1 else torch.cat(drawn, dim=1) if drawn else out
-        return torch.where(seeds.unsqueeze(-1) >= 0, seeded, out)
+        counted = self.counter_rows()
+        return out if counted is None else torch.where(counted.unsqueeze(-1), seeded, out)
 
     def key(self, stream: Stream) -> torch.Tensor:
         """``[batch]`` :func:`stream_key` of the rows' seeds, computed once per stream.

@@ -186,7 +186,7 @@ class RejectionSampler(_SpecSampler):
             otherwise); only those rows consume it.
         seeds : torch.Tensor or sequence of (int or None), optional
             ``[batch]`` per-row seeds (an int64 or int32 tensor, or host ints in
-            ``[0, 2**63)`` and ``None``); a row with seed ``>= 0`` draws from a
+            ``[0, 2**64)`` and ``None``); a row with seed ``>= 0`` draws from a
             counter-based stream of its own, so its output depends only on its seed, its
             position and its inputs (not on its index or the other rows). Negative or
             ``None``: unseeded.

@@ -62,8 +62,9 @@ def check_seeds(
 ) -> torch.Tensor | list[int | None] | None:
     """Validate per-row seeds: an int64/int32 tensor ``[batch]`` as it is, or a host list.
 
-    Host entries are ``None`` or ``-1`` (not counter-seeded) or integers in ``[0, 2**63)``;
-    a tensor's negative entries mean "not counter-seeded". With ``device``, a tensor must be
+    Host entries are ``None`` or ``-1`` (not counter-seeded) or integers in ``[0, 2**64)``
+    (every 64-bit value the counter-based hash takes); a tensor's negative entries mean "not
+    counter-seeded", so a tensor holds seeds in ``[0, 2**63)``. With ``device``, a tensor must be
     on the CPU or on ``device``.
 
     Examples
@@ -76,7 +77,7 @@ def check_seeds(
     if isinstance(seeds, torch.Tensor):
         _row_tensor("seeds", seeds, batch, device)
         return seeds
-    return _host_ints("seeds", seeds, batch, 1 << 63, seeds=True)
+    return _host_ints("seeds", seeds, batch, 1 << 64, seeds=True)
 
 
 def seeding_from(

@@ -90,7 +90,7 @@ def _case(entry: str, changes: dict[str, Any], error: type, match: str, name: st
     return pytest.param(entry, changes, error, match, id=f"{entry}: {name}")
 
 
-SEED_INTS = r"entries must lie in \[0, 2\*\*63\) \(None or -1: unseeded\)"
+SEED_INTS = r"entries must lie in \[0, 2\*\*64\) \(None or -1: unseeded\)"
 POSITION_INTS = r"entries must lie in \[0, 2\*\*40\)"
 
 

@@ -212,7 +212,7 @@ BAD_LINES = [
     ('{"prompt": "x", "min_p": -0.1}', "min_p must be"),
     ('{"prompt": "x", "min_p": 2}', "min_p must be"),
     ('{"prompt": "x", "seed": -1}', "seed must be"),
-    ('{"prompt": "x", "seed": 9223372036854775808}', "seed must be"),
+    ('{"prompt": "x", "seed": 18446744073709551616}', "seed must be"),
     ('{"prompt": "x", "seed": 1.0}', "seed must be"),
     ('{"id": "a", "prompt": "x"}', "id 'a' repeats the id of line 1"),
     ('{"prompt": "x"}', "id 3 repeats the id of line 2"),

@@ -223,3 +223,32 @@ def test_steps_at_increasing_positions_never_share_a_number() -> None:
         values = set(u[0].tolist())
         assert not values & seen
         seen |= values
+
+
+def test_host_seeds_take_every_64_bit_value() -> None:
+    """Seeds in ``[2**63, 2**64)`` are accepted: their stream is the hash of their 64 bits.
+
+    They are stored as the int64 of the same bits (negative), so a separate mask marks the
+    counter-seeded rows; an unseeded row beside them still reads the shared generator.
+    """
+    from specsample import verify
+
+    cpu = torch.device("cpu")
+    seeds = [2**63, 2**64 - 1, None, 5]
+    seeding = Seeding.build(4, cpu, seeds=seeds)
+    assert seeding.counter_rows().tolist() == [True, True, False, True]
+    counters = torch.zeros(4, 1, dtype=torch.int64)
+    drawn = seeding.draw(cpu, [(Stream.FINAL, counters)])
+    bits = torch.tensor([-(2**63), -1, 0, 5])
+    expected = counter_uniform(bits, counters, Stream.FINAL)
+    assert torch.equal(drawn[[0, 1, 3]], expected[[0, 1, 3]])
+    logits = torch.randn(1, 64, generator=torch.Generator().manual_seed(0))
+    none = torch.zeros(0, dtype=torch.int64)
+
+    def first(seed: int) -> int:
+        return int(verify(logits, none, [0], temperature=1.0, seeds=[seed]).token_ids[0, 0])
+
+    assert first(2**64 - 1) == first(2**64 - 1)
+    assert [first(2**63 + s) for s in range(8)] != [first(s) for s in range(8)]
+    with pytest.raises(ValueError, match=r"\[0, 2\*\*64\)"):
+        verify(logits, none, [0], temperature=1.0, seeds=[2**64])

@@ -262,7 +262,7 @@ class _Batch:
                 "drafting": cast(Drafting, shape.drafting),
                 "max_depth": depth,
                 "max_children": width,
-                "seeds": seeding.seeds,
+                "seeds": self.sampling.seeds,
                 "generator": seeding.generator,
                 "positions": state.lengths,
             }

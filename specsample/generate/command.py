@@ -206,7 +206,7 @@ def _add_sampling_arguments(generate: argparse.ArgumentParser) -> None:
     )
     generate.add_argument(
         "--seed",
-        type=int_in_range(0, (1 << 63) - 1),
+        type=int_in_range(0, (1 << 64) - 1),
         default=None,
         help="seed of sequence i (with --input: of the file's i-th prompt, from 0) is SEED + i "
         "(default: unseeded)",

@@ -109,7 +109,7 @@ _CHECKS: dict[str, tuple[str, Any]] = {
     "top_k": ("an int in [0, 2**63) (0: off)", lambda v: _is_int(v) and 0 <= v <= _INT64_MAX),
     "top_p": ("a number in (0, 1] (1: off)", lambda v: _is_number(v) and 0 < v <= 1),
     "min_p": ("a number in [0, 1] (0: off)", lambda v: _is_number(v) and 0 <= v <= 1),
-    "seed": ("an int in [0, 2**63)", lambda v: _is_int(v) and 0 <= v <= _INT64_MAX),
+    "seed": ("an int in [0, 2**64)", lambda v: _is_int(v) and 0 <= v < 1 << 64),
 }
 """What each sampling field accepts (as the error says it), and the test of it."""
 

@@ -330,7 +330,7 @@ def tree_verify(
         ``uniforms`` is omitted; torch's default generator when ``None``).
     seeds : torch.Tensor or sequence of (int or None), optional
         ``[batch]`` per-request seeds: an int64 or int32 tensor (negative: not seeded) on
-        the CPU or the device of ``target_probs``, or host ints in ``[0, 2**63)`` (``None``
+        the CPU or the device of ``target_probs``, or host ints in ``[0, 2**64)`` (``None``
         or -1: not seeded). A seeded request's output depends only on its seed, its
         position and its own rows.
     generators : dict of int to torch.Generator, optional
