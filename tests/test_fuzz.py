@@ -847,7 +847,9 @@ def verify_cases(draw: st.DrawFn, padded: bool = False) -> Case:
     if a["strict"]:
         checks = [("target_logits", not logits.isnan().any())]
         checks.append(("draft_token_ids", in_vocab(t["draft_token_ids"], vocab)))
-        if draft != "onehot":
+        if draft == "draft_probs":
+            checks.append((draft, valid_probs(t[draft])))
+        elif draft != "onehot":
             checks.append((draft, not t[draft].isnan().any()))
         case.add(strict_fault(checks))
     inject(draw, case, VERIFY_FAULTS if padded else {**VERIFY_FAULTS, **FLAT_FAULTS})

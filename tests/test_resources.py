@@ -292,12 +292,16 @@ def test_generate_batch_size(
 def test_generate_prompt_length(
     tiny_pair: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A prompt longer than the target's context is refused once tokenized."""
+    """A prompt longer than the target's context is refused once tokenized, in one line.
+
+    (The lines before it describe the models loaded.)
+    """
     args = _generate(tiny_pair)
     args[1] = " ".join(["w1"] * 100_000)
     assert main(args) == 1
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "100000 tokens but the target's context is 256" in err
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert [line for line in lines if "error:" in line] == lines[-1:]
+    assert "100000 tokens but the target's context is 256" in lines[-1]
 
 
 def test_generate_api_bounds() -> None:
