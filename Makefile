@@ -25,7 +25,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 test: lint
-	$(PY) -m pytest -n 2
+	$(PY) -m pytest -n 2 --dist worksteal
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_sampler.py
