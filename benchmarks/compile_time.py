@@ -1,0 +1,65 @@
+"""How long ``torch.compile`` (inductor) takes on the seeded entry points, first call included.
+
+Compiles ``RejectionSampler()`` (probabilities ``[8, 4, 50]``) or ``verify`` (logits of 8
+requests with 4 drafts each, temperature 1), both with per-row seeds, times the first call
+(tracing, inductor's code generation and the run), and checks it equals the eager output.
+Not part of ``make test``: ``python benchmarks/compile_time.py sampler`` (or ``verify``).
+Inductor's caches go to a fresh directory (unless ``TORCHINDUCTOR_CACHE_DIR`` is set), so the
+time is that of a cold compile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor-"))
+
+import torch
+
+from specsample import RejectionSampler, verify
+
+BATCH, K, VOCAB = 8, 4, 50
+
+
+def _sampler(generator: torch.Generator) -> tuple[float, bool]:
+    target = torch.softmax(torch.randn(BATCH, K, VOCAB, generator=generator), -1)
+    draft = torch.softmax(torch.randn(BATCH, K, VOCAB, generator=generator), -1)
+    ids = torch.multinomial(draft.view(-1, VOCAB), 1, generator=generator).view(BATCH, K)
+    bonus = torch.randint(0, VOCAB, (BATCH, 1), generator=generator)
+    seeds = torch.arange(BATCH)
+    compiled = torch.compile(RejectionSampler())
+    start = time.perf_counter()
+    out = compiled(target, bonus, draft, ids, seeds=seeds)
+    seconds = time.perf_counter() - start
+    return seconds, torch.equal(out, RejectionSampler()(target, bonus, draft, ids, seeds=seeds))
+
+
+def _verify(generator: torch.Generator) -> tuple[float, bool]:
+    counts = [K] * BATCH
+    logits = torch.randn(sum(counts) + BATCH, VOCAB, generator=generator)
+    drafts = torch.randint(0, VOCAB, (sum(counts),), generator=generator)
+    seeds = list(range(BATCH))
+    compiled = torch.compile(verify)
+    start = time.perf_counter()
+    out = compiled(logits, drafts, counts, temperature=1.0, seeds=seeds)
+    seconds = time.perf_counter() - start
+    expected = verify(logits, drafts, counts, temperature=1.0, seeds=seeds)
+    return seconds, torch.equal(out.token_ids, expected.token_ids)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("entry", choices=["sampler", "verify"])
+    args = parser.parse_args(argv)
+    run = _sampler if args.entry == "sampler" else _verify
+    seconds, equal = run(torch.Generator().manual_seed(0))
+    print(f"{args.entry}: first compiled call {seconds:.1f} s, equal to eager: {equal}")
+    return 0 if equal else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
