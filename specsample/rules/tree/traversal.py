@@ -79,7 +79,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specsample.checks import check_flag, check_uniform_values, require_tensor
+from specsample.checks import check_flag
 from specsample.random import Seeding, Stream, inverse_cdf, stripe
 from specsample.rules.tree.structure import (
     TreeVerifyResult,
@@ -95,6 +95,7 @@ from specsample.rules.tree.verify import (
     _normalized,
     _without,
     check_draft_probs,
+    check_given_uniforms,
 )
 from specsample.seeding import check_position_values, positions_from, seeding_from
 
@@ -222,21 +223,9 @@ def _step_uniforms(
                 f"{TREE_STRIDE} per step (pass uniforms, or a smaller tree)"
             )
         return traversal_uniforms(seeding, n, device, at)
-    uniforms = require_tensor("uniforms", uniforms)
     if seeds is not None or generators is not None:
         raise ValueError("pass uniforms or seeds/generators, not both")
-    if uniforms.shape != (batch, n):
-        raise ValueError(
-            f"uniforms must have shape {(batch, n)} (one column per node), "
-            f"got {tuple(uniforms.shape)}"
-        )
-    if uniforms.dtype != torch.float64:
-        raise TypeError(f"uniforms must be float64, got {uniforms.dtype}")
-    if uniforms.device != device:
-        raise ValueError(f"uniforms is on {uniforms.device} but target_probs is on {device}")
-    if strict:
-        check_uniform_values(uniforms)
-    return uniforms
+    return check_given_uniforms(uniforms, (batch, n), "one column per node", device, strict)
 
 
 @dataclass(frozen=True)

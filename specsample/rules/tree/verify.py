@@ -256,14 +256,35 @@ def _step_uniforms(
         if strict:
             check_position_values(at)
         return tree_uniforms(seeding, *bounds, device, at)
-    uniforms = require_tensor("uniforms", uniforms)
     if seeds is not None or generators is not None:
         raise ValueError("pass uniforms or seeds/generators, not both")
     columns = bounds[0] * bounds[1] + 1
-    if uniforms.shape != (batch, columns):
+    layout = "max_depth * max_children + 1 columns"
+    return check_given_uniforms(uniforms, (batch, columns), layout, device, strict)
+
+
+def check_given_uniforms(
+    uniforms: object,
+    shape: tuple[int, int],
+    layout: str,
+    device: torch.device,
+    strict: bool,
+) -> torch.Tensor:
+    """Caller-given tree uniforms: float64 of ``shape`` on ``device`` (values in strict mode).
+
+    ``layout`` says in the message what the columns are.
+
+    Examples
+    --------
+    >>> check_given_uniforms(torch.zeros(1, 2), (1, 3), "3 columns", torch.device("cpu"), False)
+    Traceback (most recent call last):
+    ...
+    ValueError: uniforms must have shape (1, 3) (3 columns), got (1, 2)
+    """
+    uniforms = require_tensor("uniforms", uniforms)
+    if uniforms.shape != shape:
         raise ValueError(
-            f"uniforms must have shape {(batch, columns)} "
-            f"(max_depth * max_children + 1 columns), got {tuple(uniforms.shape)}"
+            f"uniforms must have shape {shape} ({layout}), got {tuple(uniforms.shape)}"
         )
     if uniforms.dtype != torch.float64:
         raise TypeError(f"uniforms must be float64, got {uniforms.dtype}")
