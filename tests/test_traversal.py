@@ -42,7 +42,7 @@ from specsample.rules.tree import (
     tree_bounds,
     tree_method,
 )
-from specsample.testing import Family, detectable_tv, draw_inputs, make_family
+from specsample.testing import Family, draw_inputs, make_family
 from tests.test_tree import (
     SHAPES,
     VOCAB,
@@ -50,19 +50,17 @@ from tests.test_tree import (
     Row,
     Toy,
     Tree,
-    _chi_square,
     _children,
     _depths,
     _draft_trees,
     _draw_trees,
     _emitted_law,
-    _joint_array,
     _max_error,
     _normalise,
     _offset,
     _padded,
-    _stream_cells,
     _tv,
+    assert_stream_follows_target,
 )
 
 EXACT_TOL = 1e-12
@@ -437,18 +435,7 @@ def test_sampling_matches_target(
     out = traversal_verify(
         target.float(), tokens, parents, drafting=drafting, draft_probs=draft.float(), generator=g
     )
-    m = max(_depths(SHAPES[shape])) + 1
-    cells = _stream_cells(toy, out, m, g).numpy()
-    full = np.bincount(cells, minlength=VOCAB**m)
-    pairs = full.reshape(VOCAB, VOCAB, -1).sum(-1).reshape(-1)
-    joint = _joint_array(toy, m)
-    pair_law = joint.reshape(VOCAB, VOCAB, -1).sum(-1).reshape(-1)
-    p_pairs, df_pairs = _chi_square(pairs, pair_law)
-    p_full, df_full = _chi_square(full, joint)
-    assert p_pairs >= ALPHA / 2, (p_pairs, df_pairs)
-    assert p_full >= ALPHA / 2, (p_full, df_full)
-    assert detectable_tv(ROWS, df_pairs, ALPHA / 2) <= 0.0119
-    assert m == 3 and detectable_tv(ROWS, df_full, ALPHA / 2) <= 0.0147
+    assert assert_stream_follows_target(toy, out, shape, g) == 3
     _, exact = _step(toy, SHAPES[shape], drafting, "traversal")
     assert abs(float(out.num_emitted.double().mean()) - exact) < 0.015
 

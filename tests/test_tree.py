@@ -577,6 +577,13 @@ def test_sampling_matches_target(
         method=method,
         generator=g,
     )
+    assert_stream_follows_target(toy, out, shape, g)
+
+
+def assert_stream_follows_target(
+    toy: Toy, out: TreeVerifyResult, shape: str, g: torch.Generator
+) -> int:
+    """The two chi-square tests of a sampled tree run (see the test above); returns ``m``."""
     m = max(_depths(SHAPES[shape])) + 1
     cells = _stream_cells(toy, out, m, g).numpy()
     full = np.bincount(cells, minlength=VOCAB**m)
@@ -590,6 +597,7 @@ def test_sampling_matches_target(
     assert detectable_tv(ROWS, df_pairs, ALPHA / 2) <= 0.0119
     if m == 3:
         assert detectable_tv(ROWS, df_full, ALPHA / 2) <= 0.0147
+    return m
 
 
 def test_unchecked_mss_on_top_k_children_fails_sampling() -> None:
