@@ -54,6 +54,7 @@ from specsample.generate import (  # noqa: E402
     target_generate,
 )
 from specsample.testing import detectable_tv, joint_test, two_token_joint  # noqa: E402
+from tests.test_generate import hf_greedy as transformers_greedy  # noqa: E402
 
 VOCAB = 128
 HIDDEN = 32
@@ -313,19 +314,7 @@ def draft_of(name: str) -> Any:
 
 def hf_greedy_of(model: Any, prompt: list[int], new: int) -> tuple[int, ...]:
     """``transformers``' own greedy ``generate`` of exactly ``new`` tokens (batch 1, no EOS)."""
-    ids = torch.tensor([prompt])
-    with torch.inference_mode(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new,
-            min_new_tokens=new,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    return tuple(out[0, len(prompt) :].tolist())
+    return tuple(transformers_greedy(model, prompt, new))
 
 
 @functools.cache

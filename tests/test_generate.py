@@ -96,15 +96,19 @@ def pair32(pair: tuple[Any, Any]) -> tuple[Any, Any]:
 
 
 def hf_greedy(model: Any, prompt: list[int], new: int) -> list[int]:
+    """``transformers``' own greedy ``generate`` of exactly ``new`` tokens (batch 1, no EOS)."""
     ids = torch.tensor([prompt])
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=new,
-        min_new_tokens=new,
-        do_sample=False,
-        pad_token_id=0,
-    )
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
     return out[0, len(prompt) :].tolist()
 
 
