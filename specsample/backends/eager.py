@@ -241,8 +241,6 @@ def _chain_step(step: Step) -> tuple[torch.Tensor, torch.Tensor]:
     vocab = target.logits.shape[-1]
     rejected = num_accepted < layout.num_drafts
     if source is None:
-        if not layout.max_drafts:
-            return num_accepted, sample_residual(selected, uniforms[:, -1], vocab)
         at = num_accepted.clamp(max=layout.max_drafts - 1).unsqueeze(-1)
         token = torch.where(rejected, drafts.ids.gather(1, at).squeeze(-1), -1)
         return num_accepted, sample_residual(selected, uniforms[:, -1], vocab, draft_token=token)
