@@ -341,7 +341,8 @@ class CachedLM:
             new.copy_(valid)
         if self.max_positions:
             position_ids = position_ids.clamp(max=self.max_positions - 1)
-        self._positions[:, self.width : self.width + n].copy_(position_ids)
+        if self.attention.window is not None:
+            self._positions[:, self.width : self.width + n].copy_(position_ids)
         self.width += n
         mask: torch.Tensor | dict[str, torch.Tensor] = self._mask[:, : self.width]
         if self.attention.window is not None or visible is not None:
