@@ -158,10 +158,26 @@ def counter_uniform(
     """
     if key is None:
         key = stream_key(seeds, stream)
-    counters = counters.to(torch.int64)
+    return _hash_uniform(key, counters.to(torch.int64))
+
+
+@torch.library.custom_op("specsample::hash_uniform", mutates_args=())
+def _hash_uniform(key: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """``[batch, n]`` float64 hash of int64 ``key [batch]`` and ``counters [batch, n]``.
+
+    An operator of its own, opaque to :func:`torch.compile`: every xor-shift reads its input
+    twice, so inductor, inlining the chain of mixers into each consumer, would expand it into
+    an expression tree of thousands of nodes and spend minutes generating code for it.
+    """
     inner = _mix32(((counters >> 32) & _MASK32) ^ 0x9E3779B9)
     h = _mix32(key.unsqueeze(-1) ^ _mix32((counters & _MASK32) ^ inner))
     return h.to(torch.float64) * (1.0 / 4294967296.0)
+
+
+@_hash_uniform.register_fake
+def _hash_uniform_shape(key: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """The output's shape and dtype, for tracing: ``counters``' shape, float64."""
+    return counters.new_empty(counters.shape, dtype=torch.float64)
 
 
 def check_generators(

@@ -12,8 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 from torch._dynamo.utils import counters
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from specsample import RejectionSampler, verify
+from specsample.random import Stream, counter_uniform
 
 SHAPES = [(8, 4, 50), (5, 3, 50), (3, 2, 50), (6, 5, 50)]
 """``(batch, k, vocab)`` of the successive calls: batch and draft count change every time."""
@@ -65,3 +67,17 @@ def test_compiled_verify_follows_changing_shapes(graph_breaks: dict[str, int]) -
         assert torch.equal(got.token_ids, expected.token_ids), (batch, k)
         assert torch.equal(got.num_accepted, expected.num_accepted), (batch, k)
     assert not graph_breaks
+
+
+def test_counter_hash_is_one_opaque_operator() -> None:
+    """The hash reaches a compiler as one node, not as a chain of inlinable integer ops.
+
+    Every xor-shift of the hash reads its input twice; inlined into its consumers, the chain
+    grows into an expression tree that took inductor minutes to generate code for.
+    """
+    seeds, counters_ = torch.arange(3), torch.arange(4).expand(3, 4)
+    graph = make_fx(lambda s, c: counter_uniform(s, c, Stream.FINAL))(seeds, counters_)
+    calls = [str(node.target) for node in graph.graph.nodes if node.op == "call_function"]
+    assert calls.count("specsample.hash_uniform.default") == 1
+    expected = counter_uniform(seeds, counters_, Stream.FINAL)
+    assert torch.equal(graph(seeds, counters_), expected)
