@@ -562,6 +562,26 @@ def test_masked_cache_check(pair) -> None:
         speculative_generate(pair[0], [[1, 2]], IgnoresPositions(pair[1]))
 
 
+def test_the_cache_appends_in_place_and_computes_what_a_concatenating_cache_does(pair) -> None:
+    """Each forward writes only its new slots into a buffer with room to spare (no copy of
+    the cache); the logits equal those of transformers' own concatenating cache."""
+    target = pair[0]
+    lm = hf.CachedLM(target)
+    lm.reset(1)
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    first = lm.forward(ids[:, :4], torch.arange(4).unsqueeze(0), keep=0)
+    layer = lm.cache.layers[0]
+    buffer = layer.keys.untyped_storage().data_ptr()
+    second = lm.forward(ids[:, 4:], torch.arange(4, 6).unsqueeze(0), keep=0)
+    assert layer.keys.shape[2] == 6 and layer.keys.untyped_storage().data_ptr() == buffer
+    lm.drop_tail(1)
+    lm.forward(ids[:, 5:], torch.tensor([[5]]))
+    assert layer.keys.untyped_storage().data_ptr() == buffer
+    with torch.no_grad():
+        expected = target(ids, use_cache=False).logits
+    torch.testing.assert_close(torch.cat([first, second], dim=1), expected)
+
+
 # --------------------------------------------------------------------------- forward compatibility
 
 

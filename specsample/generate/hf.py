@@ -27,6 +27,7 @@ imports without it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 import weakref
@@ -256,6 +257,8 @@ class CachedLM:
         from transformers import DynamicCache
 
         self.cache = DynamicCache()
+        if getattr(self.cache, "layer_class_to_replicate", None) is not None:
+            self.cache.layer_class_to_replicate = _growing_layer()
         self._mask = torch.zeros(batch, 64, dtype=torch.int64, device=self.device)
         self._positions = torch.zeros_like(self._mask)
         self.width = 0
@@ -560,6 +563,67 @@ class CachedLM:
         self._positions = torch.zeros_like(self._mask)
         self._positions[:, : self.width] = positions
         return True
+
+
+def _append(
+    cached: torch.Tensor | None, room: torch.Tensor | None, new: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cached [batch, heads, n, dim]`` followed by ``new [batch, heads, m, dim]``, in place.
+
+    ``room`` is the buffer that ``cached`` may be a prefix of (its first ``n`` slots): then
+    ``new`` is written after them and the first ``n + m`` slots are returned. Otherwise (a
+    first call, ``cached`` replaced by another tensor: compacted, rows selected or joined;
+    or a full buffer) a buffer with twice the room needed is allocated and ``cached`` copied
+    into it. Returns the cached slots and the buffer.
+    """
+    length = cached.shape[2] if cached is not None and cached.dim() == 4 else 0
+    total = length + new.shape[2]
+    if not (length and room is not None and _prefix_of(cached, room, total)):
+        batch, heads, _, dim = new.shape
+        fresh = new.new_empty(batch, heads, max(2 * total, 64), dim)
+        if length and cached is not None:
+            fresh[:, :, :length].copy_(cached)
+        room = fresh
+    room[:, :, length:total].copy_(new)
+    return room[:, :, :total], room
+
+
+def _prefix_of(cached: torch.Tensor | None, room: torch.Tensor, total: int) -> bool:
+    """Whether ``cached`` is ``room``'s first slots and ``room`` holds ``total`` slots."""
+    return (
+        cached is not None
+        and cached.data_ptr() == room.data_ptr()
+        and cached.stride() == room.stride()
+        and room.shape[2] >= total
+        and cached.shape[:2] == room.shape[:2]
+        and cached.shape[3] == room.shape[3]
+    )
+
+
+@functools.cache
+def _growing_layer() -> type:
+    """A ``transformers`` cache layer that appends in place into a buffer with room to spare.
+
+    ``DynamicLayer`` concatenates on every forward, copying the whole cache each time; this
+    layer copies only the new slots (and the cache when its buffer is full, doubling it).
+    """
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):  # type: ignore[misc]
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            self.keys, self._key_room = _append(
+                self.keys, getattr(self, "_key_room", None), key_states
+            )
+            self.values, self._value_room = _append(
+                self.values, getattr(self, "_value_room", None), value_states
+            )
+            return self.keys, self.values
+
+    return GrowingLayer
 
 
 def check_masked_cache(model: Any, *, role: str = "target", atol: float | None = None) -> None:
