@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specsample.generate.policy import (
+    EXPLORE_EVERY,
     PRIOR_ACCEPTANCE,
     AcceptanceTracker,
     CostModel,
@@ -18,18 +19,44 @@ def test_tracker_observes_positions_up_to_the_first_rejection() -> None:
     assert all(a > PRIOR_ACCEPTANCE for a in tracker.rates[0])
     assert tracker.rates[1][0] > PRIOR_ACCEPTANCE
     assert tracker.rates[1][1] < PRIOR_ACCEPTANCE
-    assert tracker.rates[1][2] == PRIOR_ACCEPTANCE
+    assert tracker.reached[1][2] == 0.0
     tracker.keep([1])
     tracker.add(1)
-    assert len(tracker.rates) == 2 and tracker.rates[1] == tracker.history
-    assert tracker.history[0] > PRIOR_ACCEPTANCE > tracker.history[1]
+    assert len(tracker) == 2
+    assert tracker.history > PRIOR_ACCEPTANCE
+    assert tracker.rates[1] == [tracker.history] * 3
+
+
+def test_a_position_never_reached_is_taken_for_the_one_before() -> None:
+    """Unreached positions follow the last reached one, up (a drafter that always gets its
+    first draft accepted) or down (one that never does)."""
+    tracker = AcceptanceTracker(2, 3)
+    for _ in range(5):
+        tracker.update([1, 3], [1, 0])
+    good, bad = tracker.rates
+    assert good[0] > 0.9 and tracker.reached[0][1:] == [0.0, 0.0]
+    assert good[1] == good[2] == good[0]
+    assert bad[0] < 0.2 and bad[1] == bad[2] == bad[0]
+
+
+def test_estimates_leave_the_prior_after_a_few_observations() -> None:
+    """With weight 1 on the prior, two rejections already halve the estimate; many
+    acceptances bring it near 1."""
+    tracker = AcceptanceTracker(2, 1)
+    for _ in range(2):
+        tracker.update([1, 1], [0, 1])
+    assert tracker.rates[0][0] < PRIOR_ACCEPTANCE / 2
+    for _ in range(30):
+        tracker.update([1, 1], [0, 1])
+    assert tracker.rates[1][0] > 0.9
 
 
 def test_expected_tokens_is_one_plus_the_products() -> None:
     tracker = AcceptanceTracker(1, 2)
-    tracker.rates = [[0.5, 0.5]]
-    assert tracker.expected_tokens(0) == 1.0
-    assert tracker.expected_tokens(2) == pytest.approx(1.0 + 0.5 + 0.25)
+    tracker.accepted, tracker.reached = [[1.0, 1.0]], [[1.0, 1.0]]
+    tracker.history = 0.0
+    assert tracker.rates == [[0.5, 0.75]]
+    assert tracker.expected_tokens() == pytest.approx([1.0, 1.5, 1.5 + 0.5 * 0.75])
 
 
 def test_cost_line_interpolates_and_extrapolates() -> None:
@@ -52,6 +79,22 @@ def test_policy_explores_both_ends_then_follows_acceptance() -> None:
     for _ in range(30):
         policy.record(4, [0], target_seconds=0.02, draft_seconds=0.004)
     assert policy.choose() == 0
+
+
+def test_explorations_grow_rarer_while_drafting_does_not_pay() -> None:
+    """Every exploration the policy does not follow up doubles the interval to the next."""
+    policy = DraftLengthPolicy(k_max=2, batch=1)
+    policy.record(2, [0], target_seconds=0.05, draft_seconds=0.01)
+    policy.record(0, [0], target_seconds=0.01, draft_seconds=0.0)
+    explored = []
+    for step in range(200):
+        m = policy.choose()
+        policy.record(m, [0], target_seconds=0.05 if m else 0.01, draft_seconds=0.01 * m)
+        if m:
+            explored.append(step)
+    first = EXPLORE_EVERY
+    second = first + 2 * EXPLORE_EVERY + 1
+    assert explored == [first, second, second + 4 * EXPLORE_EVERY + 1]
 
 
 def test_policy_refuses_a_negative_maximum() -> None:

@@ -34,10 +34,13 @@ PRIOR_ACCEPTANCE = 0.7
 """Acceptance assumed at a position before anything was observed there."""
 
 DECAY = 0.8
-"""Weight of the past in the acceptance averages (per observation)."""
+"""Weight of the past in the acceptance counts (per observation)."""
+
+PRIOR_WEIGHT = 1.0
+"""How many observations the prior of a position counts for in its acceptance estimate."""
 
 HISTORY_DECAY = 0.95
-"""Weight of the past in the run-wide averages new sequences start from."""
+"""Weight of the past in the run-wide average at the first position (per observation)."""
 
 TIME_DECAY = 0.7
 """Weight of the past in the timing averages (per observation)."""
@@ -46,7 +49,12 @@ EXPLORE_EVERY = 16
 """After this many steps in a row shorter than ``k_max``, one step drafts ``k_max`` again: its
 timing and the acceptance of the later positions are measured afresh (a step measured once,
 say while caches were cold, or a sequence whose first drafts failed, would otherwise keep
-the policy from ever drafting again)."""
+the policy from ever drafting again). Each exploration that the policy does not follow up
+doubles the interval (up to :data:`EXPLORE_AT_MOST`), so that drafts that never pay cost
+ever less; choosing ``k_max`` on its own resets it."""
+
+EXPLORE_AT_MOST = 256
+"""The longest interval between two explorations."""
 
 MARGIN = 0.05
 """A shorter draft length is chosen over ``k_max`` only if it is expected to be this much faster
@@ -54,7 +62,18 @@ MARGIN = 0.05
 
 
 class AcceptanceTracker:
-    """Per-sequence, per-position acceptance averages ``a [batch][k_max]`` (host floats).
+    """Per-sequence, per-position acceptance estimates ``a [batch][k_max]`` (host floats).
+
+    Each sequence keeps, per draft position, decayed counts of the times the position was
+    reached and of the times its draft was accepted (each past observation weighs
+    :data:`DECAY` times the next one). Its estimate is ``(accepted + w * prior) / (reached +
+    w)`` with ``w`` = :data:`PRIOR_WEIGHT`: a few observations move it quickly away from the
+    prior, many make the prior negligible. The prior of the first position is the run-wide
+    average there (what every sequence showed so far, :data:`PRIOR_ACCEPTANCE` at first);
+    that of a later position is the sequence's own estimate at the position before, so a
+    position seldom reached is taken for neither better nor worse than the one that guards
+    it (a fixed prior there would keep a policy that stopped drafting that deep from ever
+    finding out that it pays).
 
     Parameters
     ----------
@@ -68,46 +87,69 @@ class AcceptanceTracker:
     >>> t = AcceptanceTracker(1, 2)
     >>> t.update([2], [0])  # offered 2, the first was rejected
     >>> [round(a, 3) for a in t.rates[0]]
-    [0.56, 0.7]
+    [0.332, 0.332]
     >>> t.add(1); [round(a, 3) for a in t.rates[1]]
-    [0.665, 0.7]
+    [0.665, 0.665]
     """
 
     def __init__(self, batch: int, k_max: int) -> None:
         self.k_max = k_max
-        self.history = [PRIOR_ACCEPTANCE] * k_max
-        self.rates = [list(self.history) for _ in range(batch)]
+        self.history = PRIOR_ACCEPTANCE
+        self.accepted = [[0.0] * k_max for _ in range(batch)]
+        self.reached = [[0.0] * k_max for _ in range(batch)]
+
+    @property
+    def rates(self) -> list[list[float]]:
+        """``[batch][k_max]`` the estimates, ``a_j = P(draft j accepted | drafts before it
+        accepted)``."""
+        out = []
+        for accepted, reached in zip(self.accepted, self.reached, strict=True):
+            rates, prior = [], self.history
+            for j in range(self.k_max):
+                prior = (accepted[j] + PRIOR_WEIGHT * prior) / (reached[j] + PRIOR_WEIGHT)
+                rates.append(prior)
+            out.append(rates)
+        return out
 
     def update(self, offered: Sequence[int], accepted: Sequence[int]) -> None:
         """Record a step: sequence ``b`` was offered ``offered[b]`` drafts, kept ``accepted[b]``.
 
         Positions up to the first rejected one are observed; later ones are not.
         """
-        for rates, n, kept in zip(self.rates, offered, accepted, strict=True):
+        rows = zip(self.accepted, self.reached, offered, accepted, strict=True)
+        for hits, reached, n, kept in rows:
             for j in range(min(n, kept + 1)):
                 seen = 1.0 if j < kept else 0.0
-                rates[j] = DECAY * rates[j] + (1.0 - DECAY) * seen
-                self.history[j] = HISTORY_DECAY * self.history[j] + (1.0 - HISTORY_DECAY) * seen
+                hits[j] = DECAY * hits[j] + seen
+                reached[j] = DECAY * reached[j] + 1.0
+                if not j:
+                    self.history = HISTORY_DECAY * self.history + (1.0 - HISTORY_DECAY) * seen
 
-    def expected_tokens(self, m: int) -> float:
-        """Tokens the batch emits in expectation when every sequence drafts ``m``."""
-        total = 0.0
+    def expected_tokens(self) -> list[float]:
+        """``[k_max + 1]``: tokens the batch emits in expectation when every sequence drafts
+        ``m`` (entry ``m``)."""
+        totals = [0.0] * (self.k_max + 1)
         for rates in self.rates:
             reach = 1.0
-            total += 1.0
-            for j in range(m):
+            totals[0] += 1.0
+            for j in range(self.k_max):
                 reach *= rates[j]
-                total += reach
-        return total
+                totals[j + 1] += reach
+        return [sum(totals[: m + 1]) for m in range(self.k_max + 1)]
 
     def keep(self, rows: Sequence[int]) -> None:
         """Keep the sequences at ``rows`` (in that order)."""
-        self.rates = [self.rates[r] for r in rows]
+        self.accepted = [self.accepted[r] for r in rows]
+        self.reached = [self.reached[r] for r in rows]
 
     def add(self, count: int) -> None:
         """Track ``count`` new sequences, starting from what every sequence showed so far."""
-        self.rates.extend(list(self.history) for _ in range(count))
+        self.accepted.extend([0.0] * self.k_max for _ in range(count))
+        self.reached.extend([0.0] * self.k_max for _ in range(count))
 
+    def __len__(self) -> int:
+        """Sequences tracked."""
+        return len(self.accepted)
 
 
 class CostModel:
@@ -175,6 +217,7 @@ class DraftLengthPolicy:
         self.acceptance = AcceptanceTracker(batch, k_max)
         self.costs: dict[int, CostModel] = {}
         self.shorter = 0
+        self.explore_after = EXPLORE_EVERY
 
     def _anchored(self, cost: CostModel) -> bool:
         return {1, self.k_max + 1} <= cost.target.keys() and cost.draft is not None
@@ -193,7 +236,7 @@ class DraftLengthPolicy:
         (``k_max``, then 0, a plain step that is progress too); after that, the best ratio
         of expected tokens to expected time (``k_max`` unless another length is
         :data:`MARGIN` better), and ``k_max`` again after :data:`EXPLORE_EVERY` shorter
-        steps in a row.
+        steps in a row (then after twice as many, and so on, while drafting does not pay).
 
         Examples
         --------
@@ -204,20 +247,24 @@ class DraftLengthPolicy:
         """
         if self.k_max == 0:
             return 0
-        batch = len(self.acceptance.rates)
+        batch = len(self.acceptance)
         cost = self._cost(batch)
         if cost is None:
             own = self.costs.get(batch)
             explored = own is not None and self.k_max + 1 in own.target and own.draft is not None
             return 0 if explored else self.k_max
         draft = cost.draft or 0.0
+        tokens = self.acceptance.expected_tokens()
         rates = [
-            self.acceptance.expected_tokens(m) / max(cost.target_time(m + 1) + m * draft, 1e-12)
+            tokens[m] / max(cost.target_time(m + 1) + m * draft, 1e-12)
             for m in range(self.k_max + 1)
         ]
         best = max(range(self.k_max + 1), key=rates.__getitem__)
-        if rates[best] <= (1.0 + MARGIN) * rates[self.k_max] or self.shorter >= EXPLORE_EVERY:
+        if rates[best] <= (1.0 + MARGIN) * rates[self.k_max]:
+            best, self.explore_after = self.k_max, EXPLORE_EVERY
+        elif self.shorter >= self.explore_after:
             best = self.k_max
+            self.explore_after = min(2 * self.explore_after, EXPLORE_AT_MOST)
         self.shorter = 0 if best == self.k_max else self.shorter + 1
         return best
 
