@@ -445,6 +445,36 @@ def test_ngram_proposals() -> None:
         NGramDrafter(window=2.5)  # type: ignore[arg-type]
 
 
+def test_greedy_sequences_without_a_match_borrow_from_the_others() -> None:
+    """A greedy row whose suffix never occurred in its own tokens takes what followed it in
+    another row, or in a finished sequence; a sampled row never does."""
+    tokens = torch.tensor(
+        [
+            [9, 8, 7, 0, 0, 0, 0, 0],
+            [3, 8, 7, 6, 5, 4, 0, 0],
+            [1, 2, 0, 0, 0, 0, 0, 0],
+        ]
+    )
+    state = DecodeState(tokens, torch.tensor([3, 6, 2]), 6, 10)
+    greedy = SamplingState.build(3, torch.device("cpu"), temperature=[0.0, 0.0, 0.0])
+    sampled = SamplingState.build(
+        3, torch.device("cpu"), temperature=[1.0, 0.0, 0.0], seeds=[0, 1, 2]
+    )
+    proposal = NGramDrafter().propose(state, 3, greedy)
+    assert proposal.token_ids.tolist()[0] == [6, 5, 4]  # "8 7" found in row 1
+    assert proposal.token_ids.tolist()[2] == [2, 2, 2]  # "2" found nowhere else
+    assert NGramDrafter().propose(state, 3, sampled).token_ids.tolist()[0] == [7, 7, 7]
+    assert NGramDrafter(others=False).propose(state, 3, greedy).token_ids.tolist()[0] == [7, 7, 7]
+    state.archive(torch.tensor([False, True, False]), 6)
+    state.select(torch.tensor([0, 2]))
+    state.max_length = 3
+    kept = NGramDrafter().propose(state, 4, greedy.rows([0, 2]))
+    assert kept.token_ids.tolist()[0] == [6, 5, 4, 4]  # from the finished row, then its end
+    assert NGramDrafter().propose(state, 2, greedy.rows([0, 2]), may_stop=True).token_ids.shape[1]
+    with pytest.raises(TypeError, match="others"):
+        NGramDrafter(others=1)  # type: ignore[arg-type]
+
+
 def test_stats_table_and_merge() -> None:
     a = GenerationStats("speculative", "n-gram", "chain", 2, 1, 6, 0.5, 3, 3, (1, 1, 1))
     b = GenerationStats("speculative", "n-gram", "chain", 2, 2, 4, 0.5, 2, 4, (2, 2, 0))

@@ -411,6 +411,7 @@ class _Batch:
         ends = self.state.lengths.tolist()
         starts = self.prompt_lengths.tolist()
         sequences = self.state.tokens[finished].tolist()
+        self.state.archive(finished, max(ends[row] for row in done))
         for position, row in enumerate(done):
             index = self.rows[row]
             results[index] = sequences[position][starts[row] : ends[row]]

@@ -26,8 +26,14 @@ class NGramDrafter:
     searched for in the sequence's own earlier tokens (within the last ``window`` tokens);
     the most recent occurrence of the longest matching suffix wins and the ``k`` tokens that
     followed it are proposed. When the continuation runs into the suffix itself it is
-    extended periodically. Without a match the last token is repeated. Everything runs as
-    batched tensor operations, with no host synchronisation.
+    extended periodically. A greedy sequence without such a match looks in the run's other
+    sequences, those in the batch and the last ones that finished (the same n-grams, in
+    their first ``window`` tokens; the latest sequence with the longest match wins), as
+    suffix decoding does: a greedy sequence's output is the target's argmax whatever the
+    drafts, so this cannot change it (a sampled sequence's drafts come from its own tokens
+    only, which its verification's random numbers never depend on). Without any match the
+    last token is repeated. Everything runs as batched tensor operations, with no host
+    synchronisation.
 
     Parameters
     ----------
@@ -35,6 +41,8 @@ class NGramDrafter:
         Longest and shortest suffix tried, ``1 <= min_ngram <= max_ngram``.
     window : int
         How many of the latest tokens are searched.
+    others : bool
+        Let greedy sequences without a match of their own look in the other sequences.
 
     Examples
     --------
@@ -47,7 +55,12 @@ class NGramDrafter:
     name = "n-gram"
     samples = False
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, window: int = 1024) -> None:
+    def __init__(
+        self, max_ngram: int = 3, min_ngram: int = 1, window: int = 1024, others: bool = True
+    ) -> None:
+        if not isinstance(others, bool):
+            raise TypeError(f"others must be a bool, got {type(others).__name__}")
+        self.others = others
         self.max_ngram = _check_int("max_ngram", max_ngram)
         self.min_ngram = _check_int("min_ngram", min_ngram)
         self.window = _check_int("window", window)
@@ -76,7 +89,8 @@ class NGramDrafter:
         """Propose ``k`` tokens per sequence from its own history (``[batch, k]``, one-hot).
 
         With ``may_stop``, nothing (``[batch, 0]``) when no sequence found a match (one host
-        synchronisation): the step is then a plain decoding step.
+        synchronisation): the step is then a plain decoding step. ``sampling`` says which
+        sequences are greedy (``None``: none is taken for greedy).
         """
         width = min(self.window, state.max_length)
         cols = torch.arange(width, device=state.tokens.device)
@@ -95,13 +109,21 @@ class NGramDrafter:
             found = latest >= 0
             best = torch.where(found, latest + n, best)
             period = torch.where(found, lengths - n - latest, period)
-        if may_stop and not bool((best >= 0).any()):
+        borrow = None
+        if self.others and sampling is not None and sampling.metadata.any_greedy:
+            borrow = _Borrowed.find(state, self.min_ngram, self.max_ngram, self.window)
+            borrow.rows &= sampling.metadata.greedy & (best < 0)
+        drafting = best >= 0 if borrow is None else (best >= 0) | borrow.rows
+        if may_stop and not bool(drafting.any()):
             k = 0
         steps = torch.arange(k, device=tokens.device)
         follow = best.unsqueeze(1) + steps % period.clamp(min=1).unsqueeze(1)
         last = (lengths - 1).unsqueeze(1).expand(-1, k)
         index = torch.where((best >= 0).unsqueeze(1), follow, last)
-        return Proposal(tokens.gather(1, index), None)
+        drafts = tokens.gather(1, index)
+        if borrow is not None:
+            drafts = torch.where(borrow.rows.unsqueeze(1), borrow.drafts(k), drafts)
+        return Proposal(drafts, None)
 
     def update(self, num_accepted: torch.Tensor, state: DecodeState) -> None:
         """Nothing to update: the drafter reads the committed tokens."""
@@ -111,3 +133,74 @@ class NGramDrafter:
 
     def select(self, index: torch.Tensor) -> None:
         """Nothing to select."""
+
+
+class _Borrowed:
+    """Where each sequence's suffix occurred last in the run's other sequences.
+
+    Attributes
+    ----------
+    pool : torch.Tensor
+        ``[p, width]`` int64: the finished sequences kept (see
+        :attr:`~specsample.generate.state.DecodeState.finished`), then the active ones.
+    lengths : torch.Tensor
+        ``[p]`` int64 their lengths, at most ``width``.
+    rows : torch.Tensor
+        ``[batch]`` bool: the sequences whose suffix was found in another one.
+    source, start : torch.Tensor
+        ``[batch]`` int64: the pool row of that match and the column after it.
+    """
+
+    def __init__(
+        self,
+        pool: torch.Tensor,
+        lengths: torch.Tensor,
+        rows: torch.Tensor,
+        source: torch.Tensor,
+        start: torch.Tensor,
+    ) -> None:
+        self.pool, self.lengths = pool, lengths
+        self.rows, self.source, self.start = rows, source, start
+
+    @staticmethod
+    def find(state: DecodeState, min_ngram: int, max_ngram: int, window: int) -> _Borrowed:
+        """Search the suffixes of ``min_ngram..max_ngram`` tokens in the other sequences."""
+        device = state.tokens.device
+        width = min(max(state.max_length, state.finished_width), state.tokens.shape[1], window)
+        pool, lengths = state.tokens[:, :width], state.lengths
+        own = torch.arange(state.batch, device=device)
+        if state.finished is not None and state.finished_lengths is not None:
+            pool = torch.cat([state.finished[:, :width], pool])
+            lengths = torch.cat([state.finished_lengths, lengths])
+            own = own + state.finished.shape[0]
+        lengths = lengths.clamp(max=width)
+        cols = torch.arange(width, device=device)
+        sources = torch.arange(pool.shape[0], device=device)
+        foreign = (sources != own.unsqueeze(1)).unsqueeze(-1)
+        rows = torch.zeros(state.batch, dtype=torch.bool, device=device)
+        source = torch.zeros(state.batch, dtype=torch.int64, device=device)
+        start = torch.zeros_like(source)
+        for n in range(min_ngram, min(max_ngram, width - 1) + 1):
+            windows = pool.unfold(1, n, 1)
+            positions = ((state.lengths - n).unsqueeze(1) + cols[:n]).clamp_(min=0)
+            suffix = state.tokens.gather(1, positions)
+            starts = cols[: windows.shape[1]]
+            ok = (windows.unsqueeze(0) == suffix[:, None, None, :]).all(dim=-1)
+            ok &= (starts + n < lengths.unsqueeze(1)).unsqueeze(0) & foreign
+            ok &= (state.lengths >= n).view(-1, 1, 1)
+            latest = torch.where(ok, starts, -1).amax(dim=-1)
+            newest = torch.where(latest >= 0, sources, -1).amax(dim=1)
+            found = newest >= 0
+            after = latest.gather(1, newest.clamp(min=0).unsqueeze(1)).squeeze(1) + n
+            rows |= found
+            source = torch.where(found, newest, source)
+            start = torch.where(found, after, start)
+        return _Borrowed(pool, lengths, rows, source, start)
+
+    def drafts(self, k: int) -> torch.Tensor:
+        """``[batch, k]`` the tokens that followed each match (the source's last one repeated
+        where it ends sooner)."""
+        last = (self.lengths[self.source] - 1).clamp(min=0).unsqueeze(1)
+        steps = torch.arange(k, device=self.start.device)
+        index = torch.minimum(self.start.unsqueeze(1) + steps, last)
+        return self.pool[self.source].gather(1, index)

@@ -34,6 +34,10 @@ DRAFT_STRIDE = STEP_STRIDE
 ``DRAFT_STRIDE`` drafts per step (the verifier's own bound, ``STEP_STRIDE - 1``, is tighter)."""
 
 
+FINISHED_KEPT = 16
+"""Finished sequences a run keeps the tokens of (see :attr:`DecodeState.finished`)."""
+
+
 @dataclass
 class DecodeState:
     """The committed tokens of the active sequences, as the decoding loop keeps them.
@@ -50,18 +54,30 @@ class DecodeState:
         Host-side upper bound of ``lengths``.
     vocab_size : int
         Width of the target's logits; every draft id must lie in ``[0, vocab_size)``.
+    finished : torch.Tensor or None
+        ``[f, capacity]`` int64 the tokens of the last (at most :data:`FINISHED_KEPT`)
+        sequences of the run that finished, oldest first; ``None`` before the first one.
+    finished_lengths : torch.Tensor or None
+        ``[f]`` int64 their lengths.
+    finished_width : int
+        Host-side upper bound of ``finished_lengths``.
 
     Examples
     --------
     >>> state = DecodeState(torch.tensor([[4, 5, 6], [7, 8, 0]]), torch.tensor([3, 2]), 3, 10)
     >>> state.batch, state.last_tokens().tolist()
     (2, [6, 8])
+    >>> state.archive(torch.tensor([False, True]), 2); state.finished.tolist()
+    [[7, 8, 0]]
     """
 
     tokens: torch.Tensor
     lengths: torch.Tensor
     max_length: int
     vocab_size: int
+    finished: torch.Tensor | None = None
+    finished_lengths: torch.Tensor | None = None
+    finished_width: int = 0
 
     @property
     def batch(self) -> int:
@@ -76,6 +92,19 @@ class DecodeState:
         """Keep the sequences at ``index`` (``[kept]`` int64), in that order."""
         self.tokens = self.tokens[index]
         self.lengths = self.lengths[index]
+
+    def archive(self, rows: torch.Tensor, longest: int) -> None:
+        """Keep the tokens of the sequences at ``rows`` (``[batch]`` bool), which finished.
+
+        ``longest`` is a host-side upper bound of their lengths. Only the last
+        :data:`FINISHED_KEPT` finished sequences are kept.
+        """
+        tokens, lengths = self.tokens[rows], self.lengths[rows]
+        if self.finished is not None and self.finished_lengths is not None:
+            tokens = torch.cat([self.finished, tokens])
+            lengths = torch.cat([self.finished_lengths, lengths])
+        self.finished, self.finished_lengths = tokens[-FINISHED_KEPT:], lengths[-FINISHED_KEPT:]
+        self.finished_width = max(self.finished_width, longest)
 
 
 class Prefill(NamedTuple):
