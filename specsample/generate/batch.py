@@ -217,14 +217,14 @@ class _Batch:
         k = drafts.shape[1]
         drafted = self._clock()
         logits = self._score(drafts)
-        scored = self._clock()
         new, emitted = self._verify(logits, drafts, probs)
         take, finished = self._commit(new, emitted)
         any_finished, accepted = self._synchronise(take, finished, emitted, new.shape[1])
+        verified = time.perf_counter()
         for j in range(k):
             self.offered[j] += self.state.batch
         if self.policy is not None:
-            self.policy.record(k, accepted, scored - drafted, drafted - started)
+            self.policy.record(k, accepted, verified - drafted, drafted - started)
         if self.run.on_tokens is not None:
             _stream(self.run.on_tokens, self.rows, take, new)
         if self.run.drafter is not None and asked:

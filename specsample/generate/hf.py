@@ -1,6 +1,7 @@
 """Hugging Face causal LMs as the decoding loop drives them: rectangular, masked KV caches.
 
-A :class:`CachedLM` wraps a ``transformers`` causal LM and its ``DynamicCache``. Every
+A :class:`CachedLM` wraps a ``transformers`` causal LM and its ``DynamicCache`` (whose layers
+append in place, into buffers with room to spare, instead of concatenating). Every
 forward appends the same number of slots to every row; slots that turn out to be rejected
 drafts are masked out of the 2-D attention mask for good, and every token gets an explicit
 position id, so each row advances by its own accepted length while the cache stays

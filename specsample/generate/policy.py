@@ -8,11 +8,13 @@ sequence keeps, and a draft can only add accepted tokens, so the one decision pe
 ``m`` that maximises the expected tokens of the step over its expected time:
 
 * **acceptance** (:class:`AcceptanceTracker`): per sequence and draft position ``j``, an
-  exponential moving average of ``a_j = P(draft j accepted | drafts before it accepted)``;
+  estimate from decayed counts of ``a_j = P(draft j accepted | drafts before it accepted)``;
   a sequence drafting ``m`` tokens then emits ``1 + sum_{i <= m} prod_{j <= i} a_j`` in
   expectation;
-* **cost** (:class:`CostModel`): the measured time of a target forward as a function of the
-  slots it scores (a line through the widths seen so far), and of one draft forward.
+* **cost** (:class:`CostModel`): the measured time of the rest of a step (the target forward,
+  verification and commit) as a function of the slots it scores (a line through the widths
+  seen so far), and of one draft forward. Leaving out what a step costs besides its
+  forwards would make drafting look dearer than it is.
 
 The policy reads only what is known before the target scores the step (past acceptance, past
 timings), never the step's own random numbers, so verification stays exact whatever it
@@ -27,11 +29,13 @@ Examples
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
 PRIOR_ACCEPTANCE = 0.7
-"""Acceptance assumed at a position before anything was observed there."""
+"""Acceptance assumed at the first position before anything was observed there (a later
+position is assumed like the one before it, see :class:`AcceptanceTracker`)."""
 
 DECAY = 0.8
 """Weight of the past in the acceptance counts (per observation)."""
@@ -128,14 +132,14 @@ class AcceptanceTracker:
     def expected_tokens(self) -> list[float]:
         """``[k_max + 1]``: tokens the batch emits in expectation when every sequence drafts
         ``m`` (entry ``m``)."""
-        totals = [0.0] * (self.k_max + 1)
+        gains = [0.0] * (self.k_max + 1)
         for rates in self.rates:
             reach = 1.0
-            totals[0] += 1.0
+            gains[0] += 1.0
             for j in range(self.k_max):
                 reach *= rates[j]
-                totals[j + 1] += reach
-        return [sum(totals[: m + 1]) for m in range(self.k_max + 1)]
+                gains[j + 1] += reach
+        return list(itertools.accumulate(gains))
 
     def keep(self, rows: Sequence[int]) -> None:
         """Keep the sequences at ``rows`` (in that order)."""
@@ -153,7 +157,10 @@ class AcceptanceTracker:
 
 
 class CostModel:
-    """Measured step times: target forward by scored width, draft forward per position.
+    """Measured step times: the target's side by scored width, draft forward per position.
+
+    The target's side of a step is its forward, its verification and its commit: all that a
+    step costs besides drafting.
 
     Examples
     --------
@@ -168,7 +175,7 @@ class CostModel:
         self.draft: float | None = None
 
     def observe_target(self, width: int, seconds: float) -> None:
-        """A target forward over ``width`` slots per sequence took ``seconds``."""
+        """The target's side of a step over ``width`` slots per sequence took ``seconds``."""
         seen = self.target.get(width)
         self.target[width] = (
             seconds if seen is None else TIME_DECAY * seen + (1 - TIME_DECAY) * seconds
