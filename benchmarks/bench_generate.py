@@ -43,8 +43,8 @@ the timed rounds (a busy machine skews every ratio). A plot (``--plot``, default
 ours at every batch size, one column per temperature.
 
 The default run (``--threads 1``: 8 prompts x 96 new tokens, temperatures 0 and 1, batch
-sizes 1 4 8, a queue of 32, 3 rounds) takes about 24 minutes on an idle 2-core machine
-(a round about 8 minutes, two thirds of it the main section, a third the queue).
+sizes 1 4 8, a queue of 32, 3 rounds) takes about 20 minutes on an idle 2-core machine
+(a round about 6 minutes, two thirds of it the main section, a third the queue).
 Run ``python benchmarks/bench_generate.py --help`` for the options.
 """
 
