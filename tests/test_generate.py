@@ -465,7 +465,7 @@ def test_greedy_sequences_without_a_match_borrow_from_the_others() -> None:
     assert proposal.token_ids.tolist()[2] == [2, 2, 2]  # "2" found nowhere else
     assert NGramDrafter().propose(state, 3, sampled).token_ids.tolist()[0] == [7, 7, 7]
     assert NGramDrafter(others=False).propose(state, 3, greedy).token_ids.tolist()[0] == [7, 7, 7]
-    state.archive(torch.tensor([False, True, False]), 6)
+    state.archive(state.tokens[1:2], state.lengths[1:2], 6)
     state.select(torch.tensor([0, 2]))
     state.max_length = 3
     kept = NGramDrafter().propose(state, 4, greedy.rows([0, 2]))

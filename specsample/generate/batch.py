@@ -410,8 +410,9 @@ class _Batch:
         done = finished.nonzero().squeeze(1).tolist()
         ends = self.state.lengths.tolist()
         starts = self.prompt_lengths.tolist()
-        sequences = self.state.tokens[finished].tolist()
-        self.state.archive(finished, max(ends[row] for row in done))
+        tokens = self.state.tokens[finished]
+        sequences = tokens.tolist()
+        self.state.archive(tokens, self.state.lengths[finished], max(ends[row] for row in done))
         for position, row in enumerate(done):
             index = self.rows[row]
             results[index] = sequences[position][starts[row] : ends[row]]

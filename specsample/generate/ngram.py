@@ -100,12 +100,7 @@ class NGramDrafter:
         best = torch.full_like(lengths, -1)
         period = torch.ones_like(lengths)
         for n in range(self.min_ngram, min(self.max_ngram, width - 1) + 1):
-            windows = tokens.unfold(1, n, 1)
-            suffix = tokens.gather(1, ((lengths - n).unsqueeze(1) + cols[:n]).clamp_(min=0))
-            starts = cols[: windows.shape[1]]
-            ok = (windows == suffix.unsqueeze(1)).all(dim=-1)
-            ok &= starts + n < lengths.unsqueeze(1)
-            latest = torch.where(ok, starts, -1).amax(dim=1)
+            latest = _latest_start(tokens.unfold(1, n, 1), _suffix(tokens, lengths, n), lengths, n)
             found = latest >= 0
             best = torch.where(found, latest + n, best)
             period = torch.where(found, lengths - n - latest, period)
@@ -133,6 +128,27 @@ class NGramDrafter:
 
     def select(self, index: torch.Tensor) -> None:
         """Nothing to select."""
+
+
+def _suffix(tokens: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tensor:
+    """``[batch, n]`` the last ``n`` of each row's ``lengths`` tokens (``tokens [batch, w]``)."""
+    cols = torch.arange(n, device=tokens.device)
+    return tokens.gather(1, ((lengths - n).unsqueeze(1) + cols).clamp_(min=0))
+
+
+def _latest_start(
+    windows: torch.Tensor, suffix: torch.Tensor, lengths: torch.Tensor, n: int
+) -> torch.Tensor:
+    """The latest start of ``suffix`` among ``windows`` with a token after it; -1 if none.
+
+    ``windows [..., s, n]`` are the ``n``-grams of rows of ``lengths [...]`` tokens (start
+    ``j`` counts when ``j + n`` is below the row's length) and ``suffix [..., n]`` broadcasts
+    against them; returns ``[...]`` int64.
+    """
+    starts = torch.arange(windows.shape[-2], device=windows.device)
+    ok = (windows == suffix.unsqueeze(-2)).all(dim=-1)
+    ok &= starts + n < lengths.unsqueeze(-1)
+    return torch.where(ok, starts, -1).amax(dim=-1)
 
 
 class _Borrowed:
@@ -174,21 +190,15 @@ class _Borrowed:
             lengths = torch.cat([state.finished_lengths, lengths])
             own = own + state.finished.shape[0]
         lengths = lengths.clamp(max=width)
-        cols = torch.arange(width, device=device)
         sources = torch.arange(pool.shape[0], device=device)
-        foreign = (sources != own.unsqueeze(1)).unsqueeze(-1)
+        own_row = sources == own.unsqueeze(1)
         rows = torch.zeros(state.batch, dtype=torch.bool, device=device)
         source = torch.zeros(state.batch, dtype=torch.int64, device=device)
         start = torch.zeros_like(source)
         for n in range(min_ngram, min(max_ngram, width - 1) + 1):
-            windows = pool.unfold(1, n, 1)
-            positions = ((state.lengths - n).unsqueeze(1) + cols[:n]).clamp_(min=0)
-            suffix = state.tokens.gather(1, positions)
-            starts = cols[: windows.shape[1]]
-            ok = (windows.unsqueeze(0) == suffix[:, None, None, :]).all(dim=-1)
-            ok &= (starts + n < lengths.unsqueeze(1)).unsqueeze(0) & foreign
-            ok &= (state.lengths >= n).view(-1, 1, 1)
-            latest = torch.where(ok, starts, -1).amax(dim=-1)
+            suffix = _suffix(state.tokens, state.lengths, n).unsqueeze(1)
+            latest = _latest_start(pool.unfold(1, n, 1), suffix, lengths, n)
+            latest.masked_fill_(own_row | (state.lengths < n).unsqueeze(1), -1)
             newest = torch.where(latest >= 0, sources, -1).amax(dim=1)
             found = newest >= 0
             after = latest.gather(1, newest.clamp(min=0).unsqueeze(1)).squeeze(1) + n

@@ -67,7 +67,7 @@ class DecodeState:
     >>> state = DecodeState(torch.tensor([[4, 5, 6], [7, 8, 0]]), torch.tensor([3, 2]), 3, 10)
     >>> state.batch, state.last_tokens().tolist()
     (2, [6, 8])
-    >>> state.archive(torch.tensor([False, True]), 2); state.finished.tolist()
+    >>> state.archive(state.tokens[1:], state.lengths[1:], 2); state.finished.tolist()
     [[7, 8, 0]]
     """
 
@@ -93,13 +93,12 @@ class DecodeState:
         self.tokens = self.tokens[index]
         self.lengths = self.lengths[index]
 
-    def archive(self, rows: torch.Tensor, longest: int) -> None:
-        """Keep the tokens of the sequences at ``rows`` (``[batch]`` bool), which finished.
+    def archive(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int) -> None:
+        """Keep the ``tokens [f, capacity]`` and ``lengths [f]`` of sequences that finished.
 
-        ``longest`` is a host-side upper bound of their lengths. Only the last
+        ``longest`` is a host-side upper bound of ``lengths``. Only the last
         :data:`FINISHED_KEPT` finished sequences are kept.
         """
-        tokens, lengths = self.tokens[rows], self.lengths[rows]
         if self.finished is not None and self.finished_lengths is not None:
             tokens = torch.cat([self.finished, tokens])
             lengths = torch.cat([self.finished_lengths, lengths])
