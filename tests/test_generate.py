@@ -286,6 +286,54 @@ def test_adaptive_draft_lengths_keep_greedy_outputs_under_continuous_batching(
         assert out.stats.tokens == sum(len(s) for s in out.sequences)
 
 
+def test_a_costless_drafter_is_searched_only_when_the_policy_would_draft(
+    pair, greedy_reference, monkeypatch
+) -> None:
+    """With n-gram drafts the length is chosen knowing which sequences found a match: a
+    step the policy would not draft for searches nothing, the others cut the proposal to
+    the length chosen for the sequences that found one, and only those are observed."""
+    from specsample.generate import policy as policy_module
+
+    target, _ = pair
+    searches, masks, offered, calls = [], [], [], []
+    propose = NGramDrafter.propose
+    choose = policy_module.DraftLengthPolicy.choose
+    refine = policy_module.DraftLengthPolicy.refine
+    record = policy_module.DraftLengthPolicy.record
+
+    def counted(self: NGramDrafter, *args: Any, **kwargs: Any) -> Any:
+        searches.append(args[1])
+        return propose(self, *args, **kwargs)
+
+    def every_other(self: Any, *args: Any, **kwargs: Any) -> int:
+        calls.append(choose(self, *args, **kwargs))
+        return 0 if len(calls) % 2 and not self.exploring else calls[-1]
+
+    def seen(self: Any, room: Any, drafting: list[bool]) -> int:
+        masks.append((list(room), list(drafting)))
+        return refine(self, room, drafting)
+
+    def noted(self: Any, *args: Any, **kwargs: Any) -> None:
+        offered.append(args[4] if len(args) > 4 else kwargs.get("offered"))
+        record(self, *args, **kwargs)
+
+    monkeypatch.setattr(NGramDrafter, "propose", counted)
+    monkeypatch.setattr(policy_module.DraftLengthPolicy, "choose", every_other)
+    monkeypatch.setattr(policy_module.DraftLengthPolicy, "refine", seen)
+    monkeypatch.setattr(policy_module.DraftLengthPolicy, "record", noted)
+    out = speculative_generate(
+        target, PROMPTS, NGramDrafter(), k=4, max_new_tokens=24, max_batch_size=2
+    )
+    assert out.sequences == greedy_reference
+    assert 0 < len(searches) == len(masks) < len(calls)
+    assert any(n == 0 for n in map(sum, offered))
+    assert all(k <= max(room) - 1 for k, (room, _) in zip(searches, masks, strict=True))
+    drafted = [o for o in offered if o is not None and any(o)]
+    assert drafted, "no step drafted"
+    assert any(not all(wants) for _, wants in masks), "every sequence always found a match"
+    assert all(len(room) == len(wants) for room, wants in masks)
+
+
 # --------------------------------------------------------------------------- exactness
 
 

@@ -151,6 +151,7 @@ class _Batch:
         self.prompt_lengths = torch.zeros(0, dtype=torch.int64, device=device)
         self.budget = torch.zeros(0, dtype=torch.int64, device=device)
         self.rows: list[int] = []
+        self.room: list[int] = []
         self.sampling = run.sampling.rows([])
         self.policy = DraftLengthPolicy(run.k, 0) if run.adaptive else None
         self.counts = torch.zeros(run.k + 1, dtype=torch.int64, device=device)
@@ -200,6 +201,7 @@ class _Batch:
         self.sampling = self.run.sampling.rows(self.rows)
         if self.policy is not None:
             self.policy.acceptance.add(free)
+            self.room.extend(self.budgets[i] for i in indices)
         if drafter is not None:
             (drafter.start if fresh else drafter.join)(prefill, state)
 
@@ -208,14 +210,21 @@ class _Batch:
         if self.tree is not None and self._tree_fits(self.tree):
             self._tree_step(self.tree, results)
             return
-        asked = self.policy.choose() if self.policy is not None else self.run.k
-        if self.tree is not None:
-            asked = 0
-        asked = max(0, self.run.lm.room(asked + 1) - 1)
         started = time.perf_counter()
-        drafts, probs = self._propose(asked)
+        if self.policy is None:
+            asked = 0 if self.tree is not None else self.run.k
+            asked = max(0, self.run.lm.room(asked + 1) - 1)
+            drafts, probs = self._propose(asked)
+            offered = None
+        elif getattr(self.run.drafter, "costless", False):
+            drafts, probs, offered = self._propose_then_choose()
+            asked = drafts.shape[1]
+        else:
+            asked = self.policy.choose(self._room())
+            drafts, probs = self._propose(asked)
+            offered = None
         k = drafts.shape[1]
-        drafted = self._clock()
+        drafted = started if offered is not None else self._clock()
         logits = self._score(drafts)
         new, emitted = self._verify(logits, drafts, probs)
         take, finished = self._commit(new, emitted)
@@ -224,7 +233,7 @@ class _Batch:
         for j in range(k):
             self.offered[j] += self.state.batch
         if self.policy is not None:
-            self.policy.record(k, accepted, verified - drafted, drafted - started)
+            self.policy.record(k, accepted, verified - drafted, drafted - started, offered)
         if self.run.on_tokens is not None:
             _stream(self.run.on_tokens, self.rows, take, new)
         if self.run.drafter is not None and asked:
@@ -294,6 +303,33 @@ class _Batch:
         if any_finished:
             self._retire(finished, results)
         self.run.lm.maybe_compact(state.max_length)
+
+    def _room(self) -> list[int]:
+        """``[batch]`` tokens each sequence may emit this step: its budget left, and no more
+        than the target's context leaves room for (compacting it first if need be)."""
+        fits = max(0, self.run.lm.room(self.run.k + 1))
+        return [min(left, fits) for left in self.room]
+
+    def _propose_then_choose(self) -> tuple[torch.Tensor, None, list[int]]:
+        """A costless drafter's drafts, cut to the length the policy chooses knowing which
+        sequences found some (one host transfer); and how many each really offers.
+
+        Nothing is proposed when the policy would not draft even if every sequence had
+        drafts (a plain step then costs no search).
+        """
+        policy, drafter = self.policy, self.run.drafter
+        if policy is None or drafter is None:
+            raise RuntimeError("choosing a draft length needs a policy and a drafter")
+        room = self._room()
+        if not policy.choose(room):
+            return self.state.tokens.new_zeros(self.state.batch, 0), None, [0] * len(room)
+        proposal = drafter.propose(self.state, max(room, default=1) - 1, self.sampling)
+        mask = proposal.drafting
+        drafting = [True] * len(room) if mask is None else mask.tolist()
+        asked = policy.refine(room, drafting)
+        rows = zip(room, drafting, strict=True)
+        offered = [min(asked, left - 1) if wants else 0 for left, wants in rows]
+        return proposal.token_ids[:, :asked], None, offered
 
     def _clock(self) -> float:
         """Now, once the device is done (only when the policy times the steps)."""
@@ -396,8 +432,10 @@ class _Batch:
             [finished.any().to(torch.int64), self.state.lengths.max(), take.sum(), last]
         )
         if self.policy is not None:
-            summary = torch.cat([summary, emitted - 1])
-        any_finished, longest, step_tokens, most, *accepted = summary.tolist()
+            left = self.budget - (self.state.lengths - self.prompt_lengths)
+            summary = torch.cat([summary, emitted - 1, left])
+        any_finished, longest, step_tokens, most, *rows = summary.tolist()
+        accepted, self.room = rows[: len(rows) // 2], rows[len(rows) // 2 :]
         self.run.lm.drop_tail(slots - most)
         self.steps += 1
         self.forwards += len(self.rows)
@@ -428,6 +466,7 @@ class _Batch:
         self.budget = self.budget[index]
         if self.policy is not None:
             self.policy.acceptance.keep(kept)
+            self.room = [self.room[position] for position in kept]
         if not kept:
             return
         self.run.lm.select(index)

@@ -38,10 +38,14 @@ class Proposal(NamedTuple):
     probs : torch.Tensor or None
         ``[batch, k, vocab]`` the exact distributions the drafts were sampled from, or
         ``None``: one-hot drafts (deterministic proposals, or an all-greedy batch).
+    drafting : torch.Tensor or None
+        ``[batch]`` bool, which sequences found something to propose (the others' drafts
+        are filler), or ``None``: every sequence did.
     """
 
     token_ids: torch.Tensor
     probs: torch.Tensor | None
+    drafting: torch.Tensor | None = None
 
 
 @runtime_checkable
@@ -63,6 +67,11 @@ class Drafter(Protocol):
     samples : bool
         Whether :meth:`propose` returns draft distributions for sampled batches (needed by
         ``method="block"``).
+
+    A drafter may also set ``costless = True``: proposing costs no model forward, and the
+    first ``m`` drafts of a proposal of ``k`` are those it would propose for ``m``. A loop
+    with an adaptive draft length then proposes ``k`` first and chooses the length knowing
+    which sequences found drafts (:attr:`Proposal.drafting`).
     """
 
     name: str

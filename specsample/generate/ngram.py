@@ -54,6 +54,7 @@ class NGramDrafter:
 
     name = "n-gram"
     samples = False
+    costless = True
 
     def __init__(
         self, max_ngram: int = 3, min_ngram: int = 1, window: int = 1024, others: bool = True
@@ -90,7 +91,9 @@ class NGramDrafter:
 
         With ``may_stop``, nothing (``[batch, 0]``) when no sequence found a match (one host
         synchronisation): the step is then a plain decoding step. ``sampling`` says which
-        sequences are greedy (``None``: none is taken for greedy).
+        sequences are greedy (``None``: none is taken for greedy). The proposal's
+        ``drafting`` tells which sequences found a match (the others repeat their last
+        token).
         """
         width = min(self.window, state.max_length)
         cols = torch.arange(width, device=state.tokens.device)
@@ -118,7 +121,7 @@ class NGramDrafter:
         drafts = tokens.gather(1, index)
         if borrow is not None:
             drafts = torch.where(borrow.rows.unsqueeze(1), borrow.drafts(k), drafts)
-        return Proposal(drafts, None)
+        return Proposal(drafts, None, drafting)
 
     def update(self, num_accepted: torch.Tensor, state: DecodeState) -> None:
         """Nothing to update: the drafter reads the committed tokens."""

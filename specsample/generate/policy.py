@@ -10,7 +10,9 @@ sequence keeps, and a draft can only add accepted tokens, so the one decision pe
 * **acceptance** (:class:`AcceptanceTracker`): per sequence and draft position ``j``, an
   estimate from decayed counts of ``a_j = P(draft j accepted | drafts before it accepted)``;
   a sequence drafting ``m`` tokens then emits ``1 + sum_{i <= m} prod_{j <= i} a_j`` in
-  expectation;
+  expectation, no more than its remaining budget allows, and just one when its drafter
+  found nothing to propose this step (a prompt-lookup drafter tells before the length is
+  chosen);
 * **cost** (:class:`CostModel`): the measured time of the rest of a step (the target forward,
   verification and commit) as a function of the slots it scores (a line through the widths
   seen so far), and of one draft forward. Leaving out what a step costs besides its
@@ -37,14 +39,17 @@ PRIOR_ACCEPTANCE = 0.7
 """Acceptance assumed at the first position before anything was observed there (a later
 position is assumed like the one before it, see :class:`AcceptanceTracker`)."""
 
-DECAY = 0.8
+DECAY = 0.9
 """Weight of the past in the acceptance counts (per observation)."""
 
-PRIOR_WEIGHT = 1.0
-"""How many observations the prior of a position counts for in its acceptance estimate."""
+PRIOR_WEIGHT = 4.0
+"""How many observations a prior counts for in an acceptance estimate (a sequence's, and the
+run-wide one): a sequence's first rejections are partly luck, and a policy that believed
+them at once would stop drafting for a sequence whose drafts are accepted as often as any
+other's."""
 
 HISTORY_DECAY = 0.95
-"""Weight of the past in the run-wide average at the first position (per observation)."""
+"""Weight of the past in the run-wide counts at the first position (per observation)."""
 
 TIME_DECAY = 0.7
 """Weight of the past in the timing averages (per observation)."""
@@ -71,13 +76,14 @@ class AcceptanceTracker:
     Each sequence keeps, per draft position, decayed counts of the times the position was
     reached and of the times its draft was accepted (each past observation weighs
     :data:`DECAY` times the next one). Its estimate is ``(accepted + w * prior) / (reached +
-    w)`` with ``w`` = :data:`PRIOR_WEIGHT`: a few observations move it quickly away from the
+    w)`` with ``w`` = :data:`PRIOR_WEIGHT`: a handful of observations move it away from the
     prior, many make the prior negligible. The prior of the first position is the run-wide
-    average there (what every sequence showed so far, :data:`PRIOR_ACCEPTANCE` at first);
-    that of a later position is the sequence's own estimate at the position before, so a
-    position seldom reached is taken for neither better nor worse than the one that guards
-    it (a fixed prior there would keep a policy that stopped drafting that deep from ever
-    finding out that it pays).
+    estimate there (:attr:`history`: decayed counts over every sequence, starting from
+    :data:`PRIOR_ACCEPTANCE`); that of a later position is the sequence's own estimate at
+    the position before, so a position seldom reached is taken for neither better nor worse
+    than the one that guards it (a fixed prior there would keep a policy that stopped
+    drafting that deep from ever finding out that it pays). With a costless drafter, each
+    sequence also keeps how often it had drafts to propose (:attr:`found`).
 
     Parameters
     ----------
@@ -91,16 +97,24 @@ class AcceptanceTracker:
     >>> t = AcceptanceTracker(1, 2)
     >>> t.update([2], [0])  # offered 2, the first was rejected
     >>> [round(a, 3) for a in t.rates[0]]
-    [0.332, 0.332]
+    [0.448, 0.448]
     >>> t.add(1); [round(a, 3) for a in t.rates[1]]
-    [0.665, 0.665]
+    [0.56, 0.56]
     """
 
     def __init__(self, batch: int, k_max: int) -> None:
         self.k_max = k_max
-        self.history = PRIOR_ACCEPTANCE
+        self.history_hits = self.history_seen = 0.0
         self.accepted = [[0.0] * k_max for _ in range(batch)]
         self.reached = [[0.0] * k_max for _ in range(batch)]
+        self.found = [1.0] * batch
+
+    @property
+    def history(self) -> float:
+        """Run-wide acceptance at the first position, from decayed counts over every
+        sequence (:data:`PRIOR_ACCEPTANCE` counting for :data:`PRIOR_WEIGHT` observations)."""
+        prior = PRIOR_WEIGHT * PRIOR_ACCEPTANCE
+        return (self.history_hits + prior) / (self.history_seen + PRIOR_WEIGHT)
 
     @property
     def rates(self) -> list[list[float]]:
@@ -127,16 +141,30 @@ class AcceptanceTracker:
                 hits[j] = DECAY * hits[j] + seen
                 reached[j] = DECAY * reached[j] + 1.0
                 if not j:
-                    self.history = HISTORY_DECAY * self.history + (1.0 - HISTORY_DECAY) * seen
+                    self.history_hits = HISTORY_DECAY * self.history_hits + seen
+                    self.history_seen = HISTORY_DECAY * self.history_seen + 1.0
 
-    def expected_tokens(self) -> list[float]:
+    def observe_drafting(self, drafting: Sequence[bool]) -> None:
+        """Record which sequences found drafts to propose this step (a costless drafter's
+        :attr:`~specsample.generate.drafters.Proposal.drafting`)."""
+        for b, wants in enumerate(drafting):
+            self.found[b] = DECAY * self.found[b] + (1.0 - DECAY) * float(wants)
+
+    def expected_tokens(
+        self, limits: Sequence[int] | None = None, found: Sequence[float] | None = None
+    ) -> list[float]:
         """``[k_max + 1]``: tokens the batch emits in expectation when every sequence drafts
-        ``m`` (entry ``m``)."""
+        ``m`` (entry ``m``).
+
+        ``limits[b]`` caps the drafts that can count for sequence ``b`` (default ``k_max``):
+        those its remaining budget leaves room for, 0 when its drafter has nothing to
+        propose. ``found[b]`` is the chance that it has drafts to propose at all (default 1).
+        """
         gains = [0.0] * (self.k_max + 1)
-        for rates in self.rates:
-            reach = 1.0
+        for b, rates in enumerate(self.rates):
+            reach = 1.0 if found is None else found[b]
             gains[0] += 1.0
-            for j in range(self.k_max):
+            for j in range(self.k_max if limits is None else min(limits[b], self.k_max)):
                 reach *= rates[j]
                 gains[j + 1] += reach
         return list(itertools.accumulate(gains))
@@ -145,11 +173,13 @@ class AcceptanceTracker:
         """Keep the sequences at ``rows`` (in that order)."""
         self.accepted = [self.accepted[r] for r in rows]
         self.reached = [self.reached[r] for r in rows]
+        self.found = [self.found[r] for r in rows]
 
     def add(self, count: int) -> None:
         """Track ``count`` new sequences, starting from what every sequence showed so far."""
         self.accepted.extend([0.0] * self.k_max for _ in range(count))
         self.reached.extend([0.0] * self.k_max for _ in range(count))
+        self.found.extend([1.0] * count)
 
     def __len__(self) -> int:
         """Sequences tracked."""
@@ -225,6 +255,7 @@ class DraftLengthPolicy:
         self.costs: dict[int, CostModel] = {}
         self.shorter = 0
         self.explore_after = EXPLORE_EVERY
+        self.exploring = False
 
     def _anchored(self, cost: CostModel) -> bool:
         return {1, self.k_max + 1} <= cost.target.keys() and cost.draft is not None
@@ -236,7 +267,9 @@ class DraftLengthPolicy:
             return None
         return self.costs[min(anchored, key=lambda size: (abs(size - batch), -size))]
 
-    def choose(self) -> int:
+    def choose(
+        self, room: Sequence[int] | None = None, drafting: Sequence[bool] | None = None
+    ) -> int:
         """The draft length of the next step.
 
         Until some batch size has timings at both ends, the first steps explore them
@@ -245,6 +278,18 @@ class DraftLengthPolicy:
         :data:`MARGIN` better), and ``k_max`` again after :data:`EXPLORE_EVERY` shorter
         steps in a row (then after twice as many, and so on, while drafting does not pay).
 
+        Parameters
+        ----------
+        room : sequence of int, optional
+            ``[batch]`` tokens each sequence may still emit (its budget left; default: no
+            limit). Drafts beyond ``room - 1`` cannot be kept, so the length chosen never
+            exceeds what the roomiest sequence can use, and ``k_max`` stands for that.
+        drafting : sequence of bool, optional
+            ``[batch]`` which sequences have drafts to offer this step; the others emit
+            one token whatever the length. By default each is taken to have drafts as
+            often as it had so far (:attr:`AcceptanceTracker.found`; always, for a
+            drafter that never says).
+
         Examples
         --------
         >>> policy = DraftLengthPolicy(k_max=2, batch=1)
@@ -252,28 +297,53 @@ class DraftLengthPolicy:
         >>> [policy.choose() for _ in range(EXPLORE_EVERY + 1)][-2:]
         [0, 2]
         """
-        if self.k_max == 0:
+        limits = self._limits(room, drafting)
+        best, top = self._best(limits, None if drafting is not None else self.acceptance.found)
+        self.exploring = False
+        if not top:
             return 0
+        if best == top:
+            self.explore_after = EXPLORE_EVERY
+        elif self.shorter >= self.explore_after:
+            best, self.exploring = top, True
+            self.explore_after = min(2 * self.explore_after, EXPLORE_AT_MOST)
+        self.shorter = 0 if best == top else self.shorter + 1
+        return best
+
+    def refine(self, room: Sequence[int] | None, drafting: Sequence[bool]) -> int:
+        """The length of a step whose drafts were proposed after :meth:`choose`, now that
+        ``drafting`` tells which sequences found some (a costless drafter's): the best one
+        for them, or the longest they can use when :meth:`choose` explored."""
+        self.acceptance.observe_drafting(drafting)
+        best, top = self._best(self._limits(room, drafting))
+        return top if self.exploring else best
+
+    def _limits(self, room: Sequence[int] | None, drafting: Sequence[bool] | None) -> list[int]:
+        """``[batch]`` the drafts each sequence can use (see :meth:`choose`)."""
+        batch = len(self.acceptance)
+        limits = [self.k_max] * batch if room is None else [max(r - 1, 0) for r in room]
+        if drafting is not None:
+            limits = [n if wants else 0 for n, wants in zip(limits, drafting, strict=True)]
+        return [min(n, self.k_max) for n in limits]
+
+    def _best(self, limits: Sequence[int], found: Sequence[float] | None = None) -> tuple[int, int]:
+        """The length with the best expected rate (the longest useful one, ``top``, unless
+        another is :data:`MARGIN` better, or while the timings are not anchored), and
+        ``top``; no side effect. ``found``: see :meth:`AcceptanceTracker.expected_tokens`."""
+        top = max(limits, default=0)
         batch = len(self.acceptance)
         cost = self._cost(batch)
-        if cost is None:
+        if not top or cost is None:
             own = self.costs.get(batch)
             explored = own is not None and self.k_max + 1 in own.target and own.draft is not None
-            return 0 if explored else self.k_max
+            return (0 if explored else top), top
         draft = cost.draft or 0.0
-        tokens = self.acceptance.expected_tokens()
+        tokens = self.acceptance.expected_tokens(limits, found)
         rates = [
-            tokens[m] / max(cost.target_time(m + 1) + m * draft, 1e-12)
-            for m in range(self.k_max + 1)
+            tokens[m] / max(cost.target_time(m + 1) + m * draft, 1e-12) for m in range(top + 1)
         ]
-        best = max(range(self.k_max + 1), key=rates.__getitem__)
-        if rates[best] <= (1.0 + MARGIN) * rates[self.k_max]:
-            best, self.explore_after = self.k_max, EXPLORE_EVERY
-        elif self.shorter >= self.explore_after:
-            best = self.k_max
-            self.explore_after = min(2 * self.explore_after, EXPLORE_AT_MOST)
-        self.shorter = 0 if best == self.k_max else self.shorter + 1
-        return best
+        best = max(range(top + 1), key=rates.__getitem__)
+        return (top if rates[best] <= (1.0 + MARGIN) * rates[top] else best), top
 
     def record(
         self,
@@ -281,10 +351,16 @@ class DraftLengthPolicy:
         accepted: Sequence[int],
         target_seconds: float,
         draft_seconds: float,
+        offered: Sequence[int] | None = None,
     ) -> None:
-        """Record a step of draft length ``m``: per-sequence accepted counts and timings."""
+        """Record a step of draft length ``m``: per-sequence accepted counts and timings.
+
+        ``offered[b]`` is how many of the ``m`` drafts sequence ``b`` really offered (default
+        ``m``; 0 for a sequence whose drafter found nothing, whose acceptance is then not
+        observed).
+        """
         cost = self.costs.setdefault(len(accepted), CostModel())
         cost.observe_target(m + 1, target_seconds)
         if m:
             cost.observe_draft(draft_seconds / m)
-            self.acceptance.update([m] * len(accepted), accepted)
+            self.acceptance.update([m] * len(accepted) if offered is None else offered, accepted)
