@@ -271,11 +271,32 @@ def processed_probs(
         )
     elif top_k is not None or top_p is not None or min_p is not None:
         raise ValueError("pass top_k, top_p and min_p inside sampling, not beside it")
-    stats = sampling_stats(logits, sampling)
-    z = scaled_logits(logits, stats.shift[:, None], stats.inv_temperature[:, None])
-    dropped = (z >= stats.cutoff.unsqueeze(-1)).logical_not_()
-    probs = z.sub_(stats.log_norm.unsqueeze(-1)).exp_().masked_fill_(dropped, 0.0)
+    if sampling.top_k is None and sampling.top_p is None and sampling.min_p is None:
+        probs, argmax = _unfiltered(logits, sampling.inv_temperature)
+    else:
+        stats = sampling_stats(logits, sampling)
+        z = scaled_logits(logits, stats.shift[:, None], stats.inv_temperature[:, None])
+        dropped = (z >= stats.cutoff.unsqueeze(-1)).logical_not_()
+        probs = z.sub_(stats.log_norm.unsqueeze(-1)).exp_().masked_fill_(dropped, 0.0)
+        argmax = stats.argmax
     if not sampling.any_greedy:
         return probs
-    onehot = torch.nn.functional.one_hot(stats.argmax, logits.shape[-1]).to(torch.float32)
+    onehot = torch.nn.functional.one_hot(argmax, logits.shape[-1]).to(torch.float32)
     return torch.where(sampling.greedy.unsqueeze(-1), onehot, probs)
+
+
+def _unfiltered(
+    logits: torch.Tensor, inv_temperature: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[rows, vocab]`` probabilities with temperature alone, and ``[rows]`` argmaxes.
+
+    The softmax of :func:`scaled_logits` (what :func:`processed_probs` computes through
+    :func:`row_stats` when a filter is on, in fewer passes); a row without a distribution
+    (NaN, or nothing above ``-inf``) is all zeros with argmax 0.
+    """
+    top, index = logits.max(dim=-1)
+    usable = ~torch.isnan(top) & (top > -math.inf)
+    shift = torch.where(usable, top.to(torch.float32), 0.0)
+    z = scaled_logits(logits, shift[:, None], inv_temperature[:, None])
+    probs = torch.softmax(z, dim=-1).masked_fill_(usable.logical_not().unsqueeze(-1), 0.0)
+    return probs, torch.where(usable, index, 0)

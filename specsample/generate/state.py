@@ -221,11 +221,7 @@ class SamplingState:
             top_p=values.top_p,
             min_p=values.min_p,
         )
-        self._temperature = values.temperature.masked_fill(greedy, 0.0).to(device)
-        self._filters = {
-            name: None if bool((value == _OFF[name]).all()) else value.to(device)
-            for name, value in zip(_OFF, values[1:], strict=True)
-        }
+        self._expanded: dict[int, SamplingMetadata] = {}
 
     @staticmethod
     def build(
@@ -303,13 +299,12 @@ class SamplingState:
         [[0.0, 1.0], [1.0, 0.0]]
         """
         slots = math.prod(logits.shape[1:-1])
-        filters = {
-            name: None if value is None else value.repeat_interleave(slots)
-            for name, value in self._filters.items()
-        }
+        metadata = self._expanded.get(slots)
+        if metadata is None:
+            index = torch.arange(self.batch, device=self.device).repeat_interleave(slots)
+            metadata = self._expanded[slots] = self.metadata.rows(index)
         rows = logits.reshape(-1, logits.shape[-1])
-        temperature = self._temperature.repeat_interleave(slots)
-        return processed_probs(rows, temperature, **filters).reshape(logits.shape)
+        return processed_probs(rows, metadata).reshape(logits.shape)
 
     def rows(self, rows: Sequence[int]) -> SamplingState:
         """The state of the sequences at ``rows`` (host indices), in that order."""
