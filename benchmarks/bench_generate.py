@@ -20,7 +20,8 @@ snippets), at most ``--max-new-tokens`` each and stopping at EOS, at every tempe
 transformers runs at batch size 1 (one prompt after the other); ours runs at every batch size
 of ``--batch-sizes`` (1 always included), with continuous batching (``max_batch_size``).
 Each contestant is warmed up once, then runs once per round for ``--rounds`` rounds, in an
-order that rotates between rounds; every call is timed around the whole call with
+order that rotates between rounds (sampling with other random numbers each round, the same
+for every contestant of ours); every call is timed around the whole call with
 :func:`time.perf_counter`, tokens counted from what it returned (EOS included). The tables
 report medians over the rounds of tokens per second (tokens rather than calls, because a
 sampled sequence may stop at EOS after a different length in each run) and their ratios:

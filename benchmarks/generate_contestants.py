@@ -15,6 +15,7 @@ model before generating.
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -33,6 +34,9 @@ HF_ASSISTED = "hf assisted"
 HF_LOOKUP = "hf prompt lookup"
 OURS_TARGET = "ours target"
 DRAFTS = ("model", "n-gram")
+
+SEED_STRIDE = 1000
+"""Seeds between two calls of one of our contestants (more than the prompts of a call)."""
 
 
 def hf_assisted_k(k: int) -> str:
@@ -183,14 +187,23 @@ def ours_generate(
     adaptive: bool = False,
 ) -> Generate:
     """Our generation, ``batch`` sequences at a time: speculative with ``drafter`` (a draft
-    model or an :class:`NGramDrafter`), target-only without."""
+    model or an :class:`NGramDrafter`), target-only without.
+
+    Call ``c`` of a contestant seeds prompt ``i`` with ``SEED_STRIDE * c + i``: in a round
+    every one of ours samples with the same seeds, and each round with other ones. With a
+    single set of seeds, each contestant would meet the same luck every round (seeded draws
+    depend on the draft lengths, so a sequence that stops early at EOS under one contestant
+    may run to its budget under another, and a batch whose sequences end early spends its
+    last steps nearly empty), and a ratio at T > 0 would measure that luck, not speed.
+    """
+    calls = itertools.count()
 
     def generate(prompts: Prompts, max_new_tokens: int) -> list[list[int]]:
         common: dict[str, Any] = {
             "temperature": temperature,
             "max_new_tokens": max_new_tokens,
             "eos_token_id": eos,
-            "seeds": 0,
+            "seeds": SEED_STRIDE * next(calls),
             "max_batch_size": batch,
         }
         if drafter is None:
