@@ -6,7 +6,8 @@ the emitted tokens (masking the slots of rejected drafts), and retires the seque
 finished; the next prompts of the queue then take their places at once (their prompts run
 through the models and join the caches), so the batch stays full until the queue is empty.
 A step's only host synchronisation is one small transfer deciding termination (plus the new
-tokens when ``on_tokens`` streams them).
+tokens when ``on_tokens`` streams them, and, when an adaptive length is chosen for
+prompt-lookup drafts, which sequences found a match).
 """
 
 from __future__ import annotations
