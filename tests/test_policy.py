@@ -89,18 +89,33 @@ def test_policy_never_drafts_past_what_a_sequence_can_keep() -> None:
 
 def test_cost_line_interpolates_and_extrapolates() -> None:
     cost = CostModel()
-    cost.observe_target(1, 1.0)
-    cost.observe_target(3, 2.0)
-    assert cost.target_time(2) == pytest.approx(1.5)
-    assert cost.target_time(5) == pytest.approx(3.0)
+    cost.observe_target(2, 1.0)
+    cost.observe_target(6, 2.0)
+    cost.observe_target(8, 4.0)
+    assert cost.target_time(4) == pytest.approx(1.5)
+    assert cost.target_time(10) == pytest.approx(6.0)
+    assert cost.target_time(1) == pytest.approx(0.75)
+    assert cost.draft_time(3) == 0.0
+    cost.observe_draft(2, 0.5)
+    assert cost.draft_time(5) == pytest.approx(0.5)
 
 
-def test_policy_explores_both_ends_then_follows_acceptance() -> None:
+def test_costs_are_kept_by_rows_across_batch_sizes() -> None:
+    """A step of 2 sequences x 4 slots and one of 8 sequences x 1 slot score the same rows."""
+    policy = DraftLengthPolicy(k_max=3, batch=2)
+    policy.record(3, [1, 2], target_seconds=0.04, draft_seconds=0.003)
+    assert policy.cost.target_time(8) == pytest.approx(0.04)
+    assert policy.cost.draft_time(2) == pytest.approx(0.001)
+
+
+def test_policy_tries_every_length_then_follows_acceptance() -> None:
     policy = DraftLengthPolicy(k_max=4, batch=1)
-    assert policy.choose() == 4
-    policy.record(4, [4], target_seconds=0.02, draft_seconds=0.004)
-    assert policy.choose() == 0
-    policy.record(0, [0], target_seconds=0.01, draft_seconds=0.0)
+    tried = []
+    for _ in range(5):
+        m = policy.choose()
+        tried.append(m)
+        policy.record(m, [min(m, 1)], target_seconds=0.01 + 0.0025 * m, draft_seconds=0.001 * m)
+    assert tried == [4, 0, 3, 2, 1]
     for _ in range(20):
         policy.record(4, [4], target_seconds=0.02, draft_seconds=0.004)
     assert policy.choose() == 4
@@ -114,6 +129,7 @@ def test_explorations_grow_rarer_while_drafting_does_not_pay() -> None:
     policy = DraftLengthPolicy(k_max=2, batch=1)
     policy.record(2, [0], target_seconds=0.05, draft_seconds=0.01)
     policy.record(0, [0], target_seconds=0.01, draft_seconds=0.0)
+    policy.record(1, [0], target_seconds=0.03, draft_seconds=0.01)
     explored = []
     for step in range(200):
         m = policy.choose()

@@ -324,11 +324,12 @@ def _prepare_runtime(threads: int | None) -> None:
 
 
 def _load_model(path: Path, role: str) -> Any:
-    """Load one model, check its cache handling and say on stderr what was loaded."""
+    """Load one model, check its cache handling and say on stderr what was loaded and which
+    forward runs it."""
     model = hf.load_model(path, role=role)
-    hf.check_masked_cache(model, role=role)
+    runs = hf.CachedLM(model, role=role).runs
     description = loading.describe_model(model, loading.model_source(path, role=role))
-    print(f"{role}: {path}: {description}", file=sys.stderr, flush=True)
+    print(f"{role}: {path}: {description}; {runs}", file=sys.stderr, flush=True)
     return model
 
 

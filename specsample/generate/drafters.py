@@ -147,11 +147,13 @@ class ModelDrafter:
 
     Parameters
     ----------
-    model : transformers.PreTrainedModel
+    model : transformers.PreTrainedModel or CachedLM
         A causal LM sharing the target's tokenizer (its vocabulary may be larger than the
         target's, never smaller; extra logits are dropped), whose forward honours an
         attention mask and explicit position ids together with a cache (see
-        :func:`specsample.generate.hf.check_masked_cache`).
+        :func:`specsample.generate.hf.check_masked_cache`); or a
+        :class:`~specsample.generate.hf.CachedLM` of one, to choose its options (such as
+        ``fused=False``).
     stop_below : float
         With adaptive draft lengths, stop drafting when no sequence's next draft
         distribution puts this much probability on one token (default 0: never; a weak
@@ -169,7 +171,7 @@ class ModelDrafter:
             raise ValueError(f"stop_below must be in [0, 1], got {stop_below}")
         self.stop_below = float(stop_below)
 
-        self.lm: CachedLM = CachedLM(model, role="draft")
+        self.lm: CachedLM = model if isinstance(model, CachedLM) else CachedLM(model, role="draft")
         self.name = f"model ({self.lm.describe()})"
         self._k = 0
         self._lag = 0

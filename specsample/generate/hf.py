@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 import torch
 
 from specsample import models
+from specsample.generate.fused import FusedForward, fused_forward
 
 _CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
 """Models that passed :func:`check_masked_cache` (checked once per model object)."""
@@ -202,6 +203,11 @@ class CachedLM:
         ``"target"`` or ``"draft"``, for error messages.
     check : bool
         Run :func:`check_masked_cache` on the model (once per model object).
+    fused : bool
+        Compute the logits with :class:`~specsample.generate.fused.FusedForward` where it
+        serves the model (Llama, Mistral and Qwen2 without a sliding window) and its logits
+        equal the model's own on a probe; otherwise, or with ``False``, the model's own
+        forward runs.
 
     Attributes
     ----------
@@ -212,9 +218,13 @@ class CachedLM:
         Width of the model's logits.
     attention : AttentionWindow
         The model's sliding window, if any (:func:`attention_window`).
+    fused : FusedForward or None
+        The lean forward in use, if any.
     """
 
-    def __init__(self, model: Any, role: str = "target", *, check: bool = True) -> None:
+    def __init__(
+        self, model: Any, role: str = "target", *, check: bool = True, fused: bool = True
+    ) -> None:
         config = _config(model)
         self.attention = attention_window(config, role)
         self.model = model
@@ -231,6 +241,7 @@ class CachedLM:
         self._mask = torch.zeros(0, 0, dtype=torch.int64)
         self._positions = torch.zeros(0, 0, dtype=torch.int64)
         self.width = 0
+        self.fused: FusedForward | None = None
         if check:
             try:
                 checked = model in _CHECKED
@@ -238,6 +249,8 @@ class CachedLM:
                 checked = False
             if not checked:
                 check_masked_cache(model, role=role)
+        if fused and self.attention.window is None:
+            self.fused = fused_forward(model, functools.partial(_fused_agrees, model))
 
     @property
     def device(self) -> torch.device:
@@ -247,11 +260,19 @@ class CachedLM:
         except (AttributeError, StopIteration):
             return torch.device("cpu")
 
+    @property
+    def runs(self) -> str:
+        """Which forward computes the logits: the fused one (and its weight layout) or the
+        model's own."""
+        if self.fused is None:
+            return "transformers' forward"
+        return "fused forward" + (", oneDNN weights" if self.fused.packed else "")
+
     def describe(self) -> str:
-        """A short description: architecture, layers and hidden size."""
+        """A short description: architecture, layers, hidden size and the forward in use."""
         layers = getattr(self.config, "num_hidden_layers", "?")
         hidden = getattr(self.config, "hidden_size", "?")
-        return f"{type(self.model).__name__}, {layers} layers, hidden {hidden}"
+        return f"{type(self.model).__name__}, {layers} layers, hidden {hidden}, {self.runs}"
 
     def reset(self, batch: int) -> None:
         """Start an empty cache for ``batch`` rows."""
@@ -348,6 +369,11 @@ class CachedLM:
         if self.attention.window is not None:
             self._positions[:, self.width : self.width + n].copy_(position_ids)
         self.width += n
+        if self.fused is not None:
+            full = self._masks(position_ids, visible)
+            if not isinstance(full, torch.Tensor):
+                raise TypeError("the fused forward serves models without sliding windows")
+            return self.fused(input_ids, position_ids, full, self.cache, keep)
         mask: torch.Tensor | dict[str, torch.Tensor] = self._mask[:, : self.width]
         if self.attention.window is not None or visible is not None:
             mask = self._masks(position_ids, visible)
@@ -649,7 +675,35 @@ def check_masked_cache(model: Any, *, role: str = "target", atol: float | None =
     ValueError
         The model ignores the mask or the position ids.
     """
-    lm = CachedLM(model, role=role, check=False)
+    lm = CachedLM(model, role=role, check=False, fused=False)
+    got, reference, tokens = _probe(lm)
+    error = float((got - reference).abs().max())
+    if math.isnan(error) and _nan_when_padded(lm.model, tokens):
+        implementation = getattr(_config(lm.model), "_attn_implementation", None)
+        raise ValueError(
+            f"the {role} model returns NaN for a left-padded input even without a cache "
+            f"(attention {implementation!r}, {getattr(lm.model, 'dtype', 'unknown dtype')}): "
+            "a padding slot that attends to nothing turns its softmax into NaN, as "
+            "transformers' own padded batches do; load the model with "
+            "attn_implementation='sdpa' or in float32"
+        )
+    if not error <= _tolerance(model, reference, atol):
+        raise ValueError(
+            f"the {role} model does not honour attention_mask and position_ids with a cache "
+            f"(logits differ by {error:.3g}); it cannot be used for batched speculative decoding"
+        )
+    with contextlib.suppress(TypeError):
+        _CHECKED.add(model)
+
+
+def _probe(lm: CachedLM) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The last two logits of a probe sequence through ``lm``'s cache, and without a cache.
+
+    The sequence goes through the cache in two blocks, with left padding and a masked
+    garbage slot between them, at explicit positions; for a model with a sliding window of
+    up to 37 positions it is longer than the window. Returns ``(cached, reference,
+    tokens)``: ``[2, vocab]`` float32 each, and the probe's ``[1, length]`` tokens.
+    """
     device = lm.device
     vocab = lm.vocab_size
     length = 6
@@ -670,28 +724,23 @@ def check_masked_cache(model: Any, *, role: str = "target", atol: float | None =
         )
         rest = torch.arange(half, length, device=device).unsqueeze(0)
         got = lm.forward(tokens[:, half:], rest, keep=2)[0]
-    got = got.to(torch.float32)
-    scale = 1.0 + float(reference.abs().max())
+    return got.to(torch.float32), reference, tokens
+
+
+def _tolerance(model: Any, reference: torch.Tensor, atol: float | None) -> float:
+    """How far probe logits may stray: ``atol`` (default by dtype) times the logits' scale."""
     if atol is None:
         half = getattr(model, "dtype", torch.float32) in (torch.float16, torch.bfloat16)
         atol = 5e-2 if half else 1e-3
-    error = float((got - reference).abs().max())
-    if math.isnan(error) and _nan_when_padded(lm.model, tokens):
-        implementation = getattr(_config(lm.model), "_attn_implementation", None)
-        raise ValueError(
-            f"the {role} model returns NaN for a left-padded input even without a cache "
-            f"(attention {implementation!r}, {getattr(lm.model, 'dtype', 'unknown dtype')}): "
-            "a padding slot that attends to nothing turns its softmax into NaN, as "
-            "transformers' own padded batches do; load the model with "
-            "attn_implementation='sdpa' or in float32"
-        )
-    if not error <= atol * scale:
-        raise ValueError(
-            f"the {role} model does not honour attention_mask and position_ids with a cache "
-            f"(logits differ by {error:.3g}); it cannot be used for batched speculative decoding"
-        )
-    with contextlib.suppress(TypeError):
-        _CHECKED.add(model)
+    return atol * (1.0 + float(reference.abs().max()))
+
+
+def _fused_agrees(model: Any, fused: FusedForward) -> bool:
+    """Whether ``fused`` gives ``model``'s own logits on the probe of :func:`check_masked_cache`."""
+    lm = CachedLM(model, check=False, fused=False)
+    lm.fused = fused
+    got, reference, _ = _probe(lm)
+    return bool((got - reference).abs().max() <= _tolerance(model, reference, None))
 
 
 def _nan_when_padded(model: Any, tokens: torch.Tensor) -> bool:

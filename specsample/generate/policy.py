@@ -14,9 +14,11 @@ sequence keeps, and a draft can only add accepted tokens, so the one decision pe
   found nothing to propose this step (a prompt-lookup drafter tells before the length is
   chosen);
 * **cost** (:class:`CostModel`): the measured time of the rest of a step (the target forward,
-  verification and commit) as a function of the slots it scores (a line through the widths
-  seen so far), and of one draft forward. Leaving out what a step costs besides its
-  forwards would make drafting look dearer than it is.
+  verification and commit) as a function of the rows it scores (sequences times slots;
+  every width is tried once at the start, and rows not measured are read off the line
+  through the nearest measured ones), and of one draft forward as a function of the batch
+  size. Leaving out what a step costs besides its forwards would make drafting look dearer
+  than it is.
 
 The policy reads only what is known before the target scores the step (past acceptance, past
 timings), never the step's own random numbers, so verification stays exact whatever it
@@ -187,57 +189,82 @@ class AcceptanceTracker:
 
 
 class CostModel:
-    """Measured step times: the target's side by scored width, draft forward per position.
+    """Measured step times, as functions of the rows a forward scores.
 
-    The target's side of a step is its forward, its verification and its commit: all that a
-    step costs besides drafting.
+    A forward's cost depends mostly on its rows (sequences times slots), whatever the batch
+    size: the matrix products see ``rows`` input vectors. So the target's side of a step (its
+    forward, verification and commit: all that a step costs besides drafting) is kept by
+    rows scored, and a draft forward (one slot per sequence) by batch size. A value not
+    measured is read off the line through the nearest measured ones, so timings taken at
+    one batch size serve the others as sequences finish or join.
 
     Examples
     --------
     >>> c = CostModel()
-    >>> c.observe_target(1, 0.010); c.observe_target(5, 0.018)
-    >>> round(c.target_time(3), 4)
-    0.014
+    >>> c.observe_target(8, 0.010); c.observe_target(40, 0.026)
+    >>> round(c.target_time(24), 4)
+    0.018
+    >>> c.observe_draft(8, 0.001); round(c.draft_time(4), 4)
+    0.001
     """
 
     def __init__(self) -> None:
         self.target: dict[int, float] = {}
-        self.draft: float | None = None
+        self.draft: dict[int, float] = {}
 
-    def observe_target(self, width: int, seconds: float) -> None:
-        """The target's side of a step over ``width`` slots per sequence took ``seconds``."""
-        seen = self.target.get(width)
-        self.target[width] = (
-            seconds if seen is None else TIME_DECAY * seen + (1 - TIME_DECAY) * seconds
-        )
+    def observe_target(self, rows: int, seconds: float) -> None:
+        """The target's side of a step scoring ``rows`` slots in all took ``seconds``."""
+        _observe(self.target, rows, seconds)
 
-    def observe_draft(self, seconds_per_position: float) -> None:
-        """One draft forward over the batch took ``seconds_per_position``."""
-        seen = self.draft
-        value = seconds_per_position
-        self.draft = value if seen is None else TIME_DECAY * seen + (1 - TIME_DECAY) * value
+    def observe_draft(self, batch: int, seconds_per_position: float) -> None:
+        """One draft forward over ``batch`` sequences took ``seconds_per_position``."""
+        _observe(self.draft, batch, seconds_per_position)
 
-    def target_time(self, width: int) -> float:
-        """Expected target time at ``width``: measured, or on the line through the widths seen."""
-        if width in self.target:
-            return self.target[width]
-        widths = sorted(self.target)
-        if len(widths) < 2:
-            return self.target[widths[0]] if widths else math.nan
-        lo = max([w for w in widths if w < width], default=widths[0])
-        hi = min([w for w in widths if w > width], default=widths[-1])
-        if lo == hi:
-            lo, hi = widths[-2], widths[-1]
-        slope = (self.target[hi] - self.target[lo]) / (hi - lo)
-        return max(self.target[lo] + slope * (width - lo), 0.0)
+    def target_time(self, rows: int) -> float:
+        """Expected time of the target's side of a step scoring ``rows`` slots (NaN: none
+        measured)."""
+        return _interpolate(self.target, rows)
+
+    def draft_time(self, batch: int) -> float:
+        """Expected time of one draft forward over ``batch`` sequences (0: none measured)."""
+        return _interpolate(self.draft, batch) if self.draft else 0.0
+
+
+def _observe(table: dict[int, float], x: int, seconds: float) -> None:
+    """Fold ``seconds`` into the decayed average of ``table[x]``."""
+    seen = table.get(x)
+    table[x] = seconds if seen is None else TIME_DECAY * seen + (1 - TIME_DECAY) * seconds
+
+
+def _interpolate(table: dict[int, float], x: int) -> float:
+    """``table`` at ``x``: measured, or on the line through the nearest measured points.
+
+    Examples
+    --------
+    >>> _interpolate({1: 1.0, 3: 2.0}, 2), _interpolate({1: 1.0, 3: 2.0}, 5)
+    (1.5, 3.0)
+    """
+    if x in table:
+        return table[x]
+    xs = sorted(table)
+    if len(xs) < 2:
+        return table[xs[0]] if xs else math.nan
+    lo = max([w for w in xs if w < x], default=xs[0])
+    hi = min([w for w in xs if w > x], default=xs[-1])
+    if lo == hi:
+        lo, hi = (xs[-2], xs[-1]) if hi == xs[-1] else (xs[0], xs[1])
+    slope = (table[hi] - table[lo]) / (hi - lo)
+    return max(table[lo] + slope * (x - lo), 0.0)
 
 
 class DraftLengthPolicy:
     """Choose each step's draft length ``m`` in ``0..k_max`` (see the module docstring).
 
-    Step times depend on how many sequences share the step, so timings are kept per batch
-    size; a batch size not anchored yet (both ends measured) borrows the timings of the
-    nearest one that is, so a batch that shrinks or grows does not explore again.
+    The first steps try every length once, ``k_max`` first, then a plain step, then the
+    lengths between, longest first: forward times do not grow along a line with the rows
+    scored (matrix products are cheaper per row for some row counts than for others), so
+    each width is measured rather than guessed. One :class:`CostModel` serves the whole
+    run, whatever the batch size.
 
     Parameters
     ----------
@@ -252,31 +279,22 @@ class DraftLengthPolicy:
             raise ValueError(f"k_max must be >= 0, got {k_max}")
         self.k_max = k_max
         self.acceptance = AcceptanceTracker(batch, k_max)
-        self.costs: dict[int, CostModel] = {}
+        self.cost = CostModel()
+        self.plan = [k_max, 0, *range(k_max - 1, 0, -1)] if k_max else []
         self.shorter = 0
         self.explore_after = EXPLORE_EVERY
-        self.exploring = False
-
-    def _anchored(self, cost: CostModel) -> bool:
-        return {1, self.k_max + 1} <= cost.target.keys() and cost.draft is not None
-
-    def _cost(self, batch: int) -> CostModel | None:
-        """The timings to choose by at ``batch``: its own, or the nearest anchored ones."""
-        anchored = [size for size, cost in self.costs.items() if self._anchored(cost)]
-        if not anchored:
-            return None
-        return self.costs[min(anchored, key=lambda size: (abs(size - batch), -size))]
+        self.exploring: int | None = None
 
     def choose(
         self, room: Sequence[int] | None = None, drafting: Sequence[bool] | None = None
     ) -> int:
         """The draft length of the next step.
 
-        Until some batch size has timings at both ends, the first steps explore them
-        (``k_max``, then 0, a plain step that is progress too); after that, the best ratio
-        of expected tokens to expected time (``k_max`` unless another length is
-        :data:`MARGIN` better), and ``k_max`` again after :data:`EXPLORE_EVERY` shorter
-        steps in a row (then after twice as many, and so on, while drafting does not pay).
+        The first steps try the lengths not tried yet (see the class docstring); after
+        that, the best ratio of expected tokens to expected time (``k_max`` unless another
+        length is :data:`MARGIN` better), and ``k_max`` again after :data:`EXPLORE_EVERY`
+        shorter steps in a row (then after twice as many, and so on, while drafting does
+        not pay).
 
         Parameters
         ----------
@@ -293,19 +311,27 @@ class DraftLengthPolicy:
         Examples
         --------
         >>> policy = DraftLengthPolicy(k_max=2, batch=1)
-        >>> policy.record(2, [0], 0.05, 0.01); policy.record(0, [0], 0.01, 0.0)
+        >>> [policy.choose() for _ in range(2)]  # nothing recorded: the widest step
+        [2, 2]
+        >>> policy.record(2, [0], 0.05, 0.01); policy.choose()
+        0
+        >>> policy.record(0, [0], 0.01, 0.0); policy.record(1, [0], 0.03, 0.01)
         >>> [policy.choose() for _ in range(EXPLORE_EVERY + 1)][-2:]
         [0, 2]
         """
         limits = self._limits(room, drafting)
-        best, top = self._best(limits, None if drafting is not None else self.acceptance.found)
-        self.exploring = False
+        top = max(limits, default=0)
+        self.exploring = None
         if not top:
             return 0
+        if self.plan:
+            self.exploring = min(self.plan[0], top)
+            return self.exploring
+        best = self._best(limits, None if drafting is not None else self.acceptance.found)
         if best == top:
             self.explore_after = EXPLORE_EVERY
         elif self.shorter >= self.explore_after:
-            best, self.exploring = top, True
+            best, self.exploring = top, top
             self.explore_after = min(2 * self.explore_after, EXPLORE_AT_MOST)
         self.shorter = 0 if best == top else self.shorter + 1
         return best
@@ -313,10 +339,12 @@ class DraftLengthPolicy:
     def refine(self, room: Sequence[int] | None, drafting: Sequence[bool]) -> int:
         """The length of a step whose drafts were proposed after :meth:`choose`, now that
         ``drafting`` tells which sequences found some (a costless drafter's): the best one
-        for them, or the longest they can use when :meth:`choose` explored."""
+        for them, or the length :meth:`choose` explores (no longer than they can use)."""
         self.acceptance.observe_drafting(drafting)
-        best, top = self._best(self._limits(room, drafting))
-        return top if self.exploring else best
+        limits = self._limits(room, drafting)
+        if self.exploring is not None:
+            return min(self.exploring, max(limits, default=0))
+        return self._best(limits)
 
     def _limits(self, room: Sequence[int] | None, drafting: Sequence[bool] | None) -> list[int]:
         """``[batch]`` the drafts each sequence can use (see :meth:`choose`)."""
@@ -326,24 +354,22 @@ class DraftLengthPolicy:
             limits = [n if wants else 0 for n, wants in zip(limits, drafting, strict=True)]
         return [min(n, self.k_max) for n in limits]
 
-    def _best(self, limits: Sequence[int], found: Sequence[float] | None = None) -> tuple[int, int]:
-        """The length with the best expected rate (the longest useful one, ``top``, unless
-        another is :data:`MARGIN` better, or while the timings are not anchored), and
-        ``top``; no side effect. ``found``: see :meth:`AcceptanceTracker.expected_tokens`."""
+    def _best(self, limits: Sequence[int], found: Sequence[float] | None = None) -> int:
+        """The length with the best expected rate: the longest useful one, ``max(limits)``,
+        unless another is :data:`MARGIN` better; no side effect. ``found``: see
+        :meth:`AcceptanceTracker.expected_tokens`."""
         top = max(limits, default=0)
+        if not top:
+            return 0
         batch = len(self.acceptance)
-        cost = self._cost(batch)
-        if not top or cost is None:
-            own = self.costs.get(batch)
-            explored = own is not None and self.k_max + 1 in own.target and own.draft is not None
-            return (0 if explored else top), top
-        draft = cost.draft or 0.0
+        draft = self.cost.draft_time(batch)
         tokens = self.acceptance.expected_tokens(limits, found)
         rates = [
-            tokens[m] / max(cost.target_time(m + 1) + m * draft, 1e-12) for m in range(top + 1)
+            tokens[m] / max(self.cost.target_time(batch * (m + 1)) + m * draft, 1e-12)
+            for m in range(top + 1)
         ]
         best = max(range(top + 1), key=rates.__getitem__)
-        return (top if rates[best] <= (1.0 + MARGIN) * rates[top] else best), top
+        return top if rates[best] <= (1.0 + MARGIN) * rates[top] else best
 
     def record(
         self,
@@ -359,8 +385,10 @@ class DraftLengthPolicy:
         ``m``; 0 for a sequence whose drafter found nothing, whose acceptance is then not
         observed).
         """
-        cost = self.costs.setdefault(len(accepted), CostModel())
-        cost.observe_target(m + 1, target_seconds)
+        batch = len(accepted)
+        if m in self.plan:
+            self.plan.remove(m)
+        self.cost.observe_target(batch * (m + 1), target_seconds)
         if m:
-            cost.observe_draft(draft_seconds / m)
-            self.acceptance.update([m] * len(accepted) if offered is None else offered, accepted)
+            self.cost.observe_draft(batch, draft_seconds / m)
+            self.acceptance.update([m] * batch if offered is None else offered, accepted)

@@ -1,0 +1,193 @@
+"""The fused forward computes the model's own logits, and is used only where it does.
+
+Tiny random models of the served families (Llama, Mistral without a window, Qwen2 with its
+projection biases; grouped-query attention) are fed through a :class:`CachedLM` with and
+without the fused forward: a ragged, left-padded prefill, draft blocks, rejected slots
+masked or dropped, rows selected, new rows joined, the cache compacted, and a token tree
+with a 4-D mask. Every logit agrees with transformers' forward to rounding (float64:
+1e-9; float32 with weights laid out for oneDNN: 1e-4 relative).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from specsample.generate import fused as fused_module  # noqa: E402
+from specsample.generate import speculative_generate, target_generate  # noqa: E402
+from specsample.generate.fused import FusedForward, Projection, fused_forward  # noqa: E402
+from specsample.generate.hf import CachedLM  # noqa: E402
+
+VOCAB = 50
+COMMON: dict[str, Any] = {
+    "vocab_size": VOCAB,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "initializer_range": 0.3,
+    "bos_token_id": None,
+    "eos_token_id": None,
+    "pad_token_id": None,
+}
+FAMILIES = {
+    "llama": {},
+    "llama-scaled-rope": {
+        "rope_parameters": {
+            "rope_type": "llama3",
+            "rope_theta": 10000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        }
+    },
+    "mistral": {"sliding_window": None},
+    "qwen2": {"use_sliding_window": False},
+}
+
+
+def _model(name: str, dtype: torch.dtype = torch.float64, seed: int = 0) -> Any:
+    model_type = name.split("-")[0]
+    config = transformers.AutoConfig.for_model(model_type, **{**COMMON, **FAMILIES[name]})
+    torch.manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() == 1:
+                parameter.add_(0.2 * torch.randn_like(parameter))
+    return model.to(dtype).eval()
+
+
+def _drive(lm: CachedLM) -> list[torch.Tensor]:
+    """Every logit a fixed script of cache operations produces."""
+    generator = torch.Generator().manual_seed(1)
+
+    def ids(rows: int, n: int) -> torch.Tensor:
+        return torch.randint(0, VOCAB, (rows, n), generator=generator)
+
+    out = []
+    with torch.inference_mode():
+        lm.reset(3)
+        valid = torch.ones(3, 7, dtype=torch.int64)
+        valid[0, :4] = 0
+        valid[1, :1] = 0
+        positions = (torch.arange(7) - (7 - valid.sum(1, keepdim=True))).clamp(min=0)
+        out.append(lm.forward(ids(3, 7), positions, valid=valid, keep=0)[valid.bool()])
+        length = valid.sum(1, keepdim=True)
+        for step in range(3):
+            block = torch.arange(5) + length
+            out.append(lm.forward(ids(3, 5), block, keep=5))
+            accepted = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+            lm.set_tail_valid(accepted.roll(step, 0))
+            length = length + accepted.roll(step, 0).sum(1, keepdim=True)
+        lm.select(torch.tensor([2, 0]))
+        length = length[torch.tensor([2, 0])]
+        lm.join(ids(1, 4), torch.arange(4)[None], torch.ones(1, 4, dtype=torch.int64))
+        length = torch.cat([length, torch.tensor([[4]])])
+        out.append(lm.forward(ids(3, 2), torch.arange(2) + length, keep=2))
+        lm.drop_tail(1)
+        length = length + 1
+        assert lm.compact()
+        out.append(lm.forward(ids(3, 1), length, keep=1))
+        # A token tree: a root with two children, the second with a child of its own.
+        visible = torch.tensor(
+            [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool
+        )
+        depth = torch.tensor([0, 1, 1, 2])
+        out.append(lm.forward(ids(3, 4), depth + length + 1, keep=0, visible=visible))
+    return out
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_fused_logits_equal_the_models_own_through_every_cache_operation(name: str) -> None:
+    model = _model(name)
+    fused = CachedLM(model)
+    plain = CachedLM(model, fused=False)
+    assert fused.fused is not None and not fused.fused.packed
+    assert plain.fused is None
+    assert "fused forward" in fused.describe()
+    for got, want in zip(_drive(fused), _drive(plain), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-9)
+
+
+def test_weights_laid_out_for_onednn_give_the_same_logits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch build has no oneDNN")
+    monkeypatch.setattr(fused_module, "PACK_MIN_ELEMENTS", 0)
+    model = _model("qwen2", torch.float32, seed=3)
+    fused = CachedLM(model)
+    assert fused.fused is not None and fused.fused.packed
+    assert "oneDNN" in fused.describe()
+    for got, want in zip(_drive(fused), _drive(CachedLM(model, fused=False)), strict=True):
+        scale = float(want.abs().max())
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * scale)
+
+
+def test_projection_joins_layers_with_and_without_biases(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch build has no oneDNN")
+    monkeypatch.setattr(fused_module, "PACK_MIN_ELEMENTS", 0)
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(8, 5), torch.nn.Linear(8, 3, bias=False), torch.nn.Linear(8, 2)]
+    x = torch.randn(2, 3, 8)
+    joined = Projection(layers, pack=True)
+    assert joined.packed is not None
+    with torch.no_grad():
+        for got, layer in zip(joined(x), layers, strict=True):
+            torch.testing.assert_close(got, layer(x), rtol=1e-5, atol=1e-5)
+
+
+def test_models_it_does_not_serve_keep_their_own_forward() -> None:
+    windowed = transformers.AutoConfig.for_model("mistral", **{**COMMON, "sliding_window": 4})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(windowed).double().eval()
+    assert CachedLM(model).fused is None
+    gpt2 = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2)
+    ).eval()
+    assert fused_module.unsupported(gpt2) == "model type 'gpt2'"
+    assert CachedLM(gpt2).fused is None
+
+
+def test_a_forward_that_fails_its_check_is_not_used() -> None:
+    model = _model("llama", seed=5)
+    assert fused_forward(model, lambda candidate: False) is None
+    assert CachedLM(model).fused is None
+
+
+def test_changed_weights_build_a_new_forward() -> None:
+    model = _model("llama", seed=6)
+    first = CachedLM(model).fused
+    assert first is not None
+    assert CachedLM(model).fused is first
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(2.0)
+    second = CachedLM(model).fused
+    assert isinstance(second, FusedForward) and second is not first
+    got = _drive(CachedLM(model))
+    for a, b in zip(got, _drive(CachedLM(model, fused=False)), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-9)
+
+
+def test_generation_with_the_fused_forward_equals_the_plain_one() -> None:
+    target, draft = _model("llama", seed=7), _model("llama", seed=8)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    plain_target = CachedLM(target, fused=False)
+    expected = target_generate(plain_target, prompts, max_new_tokens=12).sequences
+    assert target_generate(target, prompts, max_new_tokens=12).sequences == expected
+    out = speculative_generate(target, prompts, draft, k=3, max_new_tokens=12, max_batch_size=2)
+    assert out.sequences == expected
