@@ -49,3 +49,13 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def fresh_step_timings() -> Iterator[None]:
+    """Each test starts with no step timings remembered, as a fresh process does, so that
+    the draft lengths a test's runs choose never depend on what earlier tests measured."""
+    from specsample.generate.policy import forget_costs
+
+    forget_costs()
+    yield

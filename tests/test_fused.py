@@ -120,12 +120,16 @@ def test_fused_logits_equal_the_models_own_through_every_cache_operation(name: s
         torch.testing.assert_close(got, want, rtol=0, atol=1e-9)
 
 
-def test_weights_laid_out_for_onednn_give_the_same_logits(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.fixture
+def onednn_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lay even the tiny models' weights out for oneDNN (skip where torch has no oneDNN)."""
     if not torch.backends.mkldnn.is_available():
         pytest.skip("this torch build has no oneDNN")
     monkeypatch.setattr(fused_module, "PACK_MIN_ELEMENTS", 0)
+
+
+@pytest.mark.usefixtures("onednn_everywhere")
+def test_weights_laid_out_for_onednn_give_the_same_logits() -> None:
     model = _model("qwen2", torch.float32, seed=3)
     fused = CachedLM(model)
     assert fused.fused is not None and fused.fused.packed
@@ -135,12 +139,8 @@ def test_weights_laid_out_for_onednn_give_the_same_logits(
         torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * scale)
 
 
-def test_projection_joins_layers_with_and_without_biases(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    if not torch.backends.mkldnn.is_available():
-        pytest.skip("this torch build has no oneDNN")
-    monkeypatch.setattr(fused_module, "PACK_MIN_ELEMENTS", 0)
+@pytest.mark.usefixtures("onednn_everywhere")
+def test_projection_joins_layers_with_and_without_biases() -> None:
     torch.manual_seed(0)
     layers = [torch.nn.Linear(8, 5), torch.nn.Linear(8, 3, bias=False), torch.nn.Linear(8, 2)]
     x = torch.randn(2, 3, 8)

@@ -158,3 +158,40 @@ def test_stats_count_only_the_drafts_offered() -> None:
     assert stats.acceptance_by_position == [1.0, 1.0]
     merged = stats.merge(stats)
     assert merged.offered_by_position == (4, 2) and merged.acceptance_rate == 1.0
+
+
+def test_a_later_run_starts_from_the_timings_of_earlier_ones() -> None:
+    """Lengths timed at a scale are not tried again; another scale is tried afresh."""
+    first = DraftLengthPolicy(k_max=2, batch=4)
+    for _ in range(3):
+        m = first.choose()
+        first.record(m, [m] * 4, target_seconds=0.01 + 0.001 * m, draft_seconds=0.001 * m)
+    assert first.cost.tried == {(2, 4), (0, 3), (1, 4)}
+    again = DraftLengthPolicy(k_max=2, batch=4, cost=first.cost)
+    assert again.choose() == 2 and again.exploring is None
+    wider = DraftLengthPolicy(k_max=2, batch=64, cost=first.cost)
+    assert wider.choose() == 2 and wider.exploring == 2
+
+
+def test_runs_with_the_same_models_share_their_timings() -> None:
+    transformers = pytest.importorskip("transformers")
+    from specsample.generate import NGramDrafter, speculative_generate
+    from specsample.generate.policy import _REMEMBERED
+
+    config = transformers.LlamaConfig(
+        vocab_size=40,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=64,
+    )
+    target = transformers.LlamaForCausalLM(config).eval()
+    prompts = [[1, 2, 3, 1, 2]] * 2
+    speculative_generate(target, prompts, NGramDrafter(), k=2, max_new_tokens=6)
+    (costs,) = _REMEMBERED[target].values()
+    tried = set(costs.tried)
+    assert tried
+    speculative_generate(target, prompts, NGramDrafter(), k=2, max_new_tokens=6)
+    assert list(_REMEMBERED[target].values()) == [costs]
+    assert costs.tried >= tried

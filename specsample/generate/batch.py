@@ -21,7 +21,7 @@ import torch
 from specsample import backends, pipeline
 from specsample.generate.drafters import Drafter, ModelDrafter
 from specsample.generate.hf import CachedLM
-from specsample.generate.policy import DraftLengthPolicy
+from specsample.generate.policy import CostModel, DraftLengthPolicy, remembered_costs
 from specsample.generate.state import DecodeState, Prefill, SamplingState
 from specsample.generate.stats import GenerationStats
 from specsample.generate.tree import TreeLayout, TreeShape
@@ -123,6 +123,16 @@ def _typical(
     return out.token_ids, out.num_accepted + 1
 
 
+def _costs(run: Run) -> CostModel:
+    """The step timings that earlier runs with the same models, drafter and threads measured."""
+    drafter = run.drafter
+    if isinstance(drafter, ModelDrafter):
+        source: object = (id(drafter.lm.model), drafter.lm.runs)
+    else:
+        source = type(drafter).__name__
+    return remembered_costs(run.lm.model, (source, run.lm.runs, torch.get_num_threads()))
+
+
 def _stream(
     on_tokens: TokenCallback, rows: list[int], take: torch.Tensor, new: torch.Tensor
 ) -> None:
@@ -154,7 +164,7 @@ class _Batch:
         self.rows: list[int] = []
         self.room: list[int] = []
         self.sampling = run.sampling.rows([])
-        self.policy = DraftLengthPolicy(run.k, 0) if run.adaptive else None
+        self.policy = DraftLengthPolicy(run.k, 0, _costs(run)) if run.adaptive else None
         self.counts = torch.zeros(run.k + 1, dtype=torch.int64, device=device)
         self.offered = [0] * run.k
         self.method = run.method if run.k else "chain"

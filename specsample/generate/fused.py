@@ -162,9 +162,33 @@ class FusedForward:
     model : transformers.PreTrainedModel
         A ``LlamaForCausalLM``, ``MistralForCausalLM`` or ``Qwen2ForCausalLM`` (without a
         sliding window).
+    pack : bool
+        Lay the larger projection weights out for oneDNN where :func:`can_pack` allows and
+        they total at most :data:`PACK_LIMIT_BYTES` (``False``: the model's own weights).
+
+    Attributes
+    ----------
+    packed : bool
+        Whether some weights were laid out for oneDNN.
+
+    Examples
+    --------
+    >>> import transformers
+    >>> from specsample.generate.hf import CachedLM
+    >>> config = transformers.LlamaConfig(
+    ...     vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    ...     num_attention_heads=2, max_position_embeddings=64)
+    >>> lm = CachedLM(transformers.LlamaForCausalLM(config).eval())
+    >>> lm.runs, isinstance(lm.fused, FusedForward)
+    ('fused forward', True)
+    >>> lm.reset(1)
+    >>> with torch.inference_mode():
+    ...     logits = lm.forward(torch.tensor([[1, 2, 3]]), torch.tensor([[0, 1, 2]]), keep=2)
+    >>> tuple(logits.shape)
+    (1, 2, 32)
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, *, pack: bool = True) -> None:
         inner = model.model
         config = model.config
         weights = [
@@ -173,12 +197,14 @@ class FusedForward:
             for module in (*_projections(layer), model.lm_head)
         ]
         size = sum(w.numel() * w.element_size() for w in weights)
-        pack = all(can_pack(w) for w in weights) and size <= PACK_LIMIT_BYTES
-        self.packed = pack
+        pack = pack and all(can_pack(w) for w in weights) and size <= PACK_LIMIT_BYTES
         self.embedding = inner.embed_tokens.weight.detach()
         self.layers = [_Layer(layer, pack) for layer in inner.layers]
         self.norm = _norm(inner.norm)
         self.head = Projection([model.lm_head], pack=pack)
+        projections = [p for layer in self.layers for p in (layer.qkv, layer.out)]
+        projections += [p for layer in self.layers for p in (layer.gate_up, layer.down)]
+        self.packed = any(p.packed is not None for p in (*projections, self.head))
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
         self.head_dim = int(

@@ -35,7 +35,11 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+import statistics
+import weakref
+from collections import deque
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 PRIOR_ACCEPTANCE = 0.7
 """Acceptance assumed at the first position before anything was observed there (a later
@@ -53,8 +57,9 @@ other's."""
 HISTORY_DECAY = 0.95
 """Weight of the past in the run-wide counts at the first position (per observation)."""
 
-TIME_DECAY = 0.7
-"""Weight of the past in the timing averages (per observation)."""
+TIMINGS_KEPT = 5
+"""How many recent timings of each width (or batch size) a cost estimate is the median of: a
+step that an unrelated pause made slow does not move it."""
 
 EXPLORE_EVERY = 16
 """After this many steps in a row shorter than ``k_max``, one step drafts ``k_max`` again: its
@@ -194,9 +199,11 @@ class CostModel:
     A forward's cost depends mostly on its rows (sequences times slots), whatever the batch
     size: the matrix products see ``rows`` input vectors. So the target's side of a step (its
     forward, verification and commit: all that a step costs besides drafting) is kept by
-    rows scored, and a draft forward (one slot per sequence) by batch size. A value not
-    measured is read off the line through the nearest measured ones, so timings taken at
-    one batch size serve the others as sequences finish or join.
+    rows scored, and a draft forward (one slot per sequence) by batch size, each as the
+    median of its last :data:`TIMINGS_KEPT` timings. A value not measured is read off the
+    line through the nearest measured ones, so timings taken at one batch size serve the
+    others as sequences finish or join. :attr:`tried` holds the pairs ``(draft length,
+    rows.bit_length())`` measured: which lengths were timed at about which scale.
 
     Examples
     --------
@@ -211,14 +218,22 @@ class CostModel:
     def __init__(self) -> None:
         self.target: dict[int, float] = {}
         self.draft: dict[int, float] = {}
+        self.tried: set[tuple[int, int]] = set()
+        self._samples: dict[tuple[str, int], deque[float]] = {}
 
     def observe_target(self, rows: int, seconds: float) -> None:
         """The target's side of a step scoring ``rows`` slots in all took ``seconds``."""
-        _observe(self.target, rows, seconds)
+        self.target[rows] = self._observe("target", rows, seconds)
 
     def observe_draft(self, batch: int, seconds_per_position: float) -> None:
         """One draft forward over ``batch`` sequences took ``seconds_per_position``."""
-        _observe(self.draft, batch, seconds_per_position)
+        self.draft[batch] = self._observe("draft", batch, seconds_per_position)
+
+    def _observe(self, kind: str, x: int, seconds: float) -> float:
+        """Add a timing; the median of the recent ones at ``x``."""
+        recent = self._samples.setdefault((kind, x), deque(maxlen=TIMINGS_KEPT))
+        recent.append(seconds)
+        return statistics.median(recent)
 
     def target_time(self, rows: int) -> float:
         """Expected time of the target's side of a step scoring ``rows`` slots (NaN: none
@@ -230,10 +245,52 @@ class CostModel:
         return _interpolate(self.draft, batch) if self.draft else 0.0
 
 
-def _observe(table: dict[int, float], x: int, seconds: float) -> None:
-    """Fold ``seconds`` into the decayed average of ``table[x]``."""
-    seen = table.get(x)
-    table[x] = seconds if seen is None else TIME_DECAY * seen + (1 - TIME_DECAY) * seconds
+_REMEMBERED: weakref.WeakKeyDictionary[Any, dict[Hashable, CostModel]] = weakref.WeakKeyDictionary()
+
+
+def remembered_costs(target: Any, key: Hashable) -> CostModel:
+    """The :class:`CostModel` that runs with the same ``target`` model and ``key`` share.
+
+    Step times depend on the models, the drafter, the machine and its threads, not on the
+    prompts, so a run starts from what earlier runs in this process measured (and keeps
+    refining it) instead of trying every draft length again.
+
+    Parameters
+    ----------
+    target : object
+        The target model (held weakly: its timings go with it).
+    key : hashable
+        What else the timings depend on (the drafter, the thread count).
+
+    Examples
+    --------
+    >>> class Model: ...
+    >>> model = Model()
+    >>> remembered_costs(model, "ngram") is remembered_costs(model, "ngram")
+    True
+    >>> remembered_costs(model, "ngram") is remembered_costs(model, "draft")
+    False
+    """
+    try:
+        table = _REMEMBERED.setdefault(target, {})
+    except TypeError:
+        return CostModel()
+    return table.setdefault(key, CostModel())
+
+
+def forget_costs() -> None:
+    """Drop every timing :func:`remembered_costs` holds: the next runs measure afresh.
+
+    Examples
+    --------
+    >>> class Model: ...
+    >>> model = Model()
+    >>> before = remembered_costs(model, "ngram")
+    >>> forget_costs()
+    >>> remembered_costs(model, "ngram") is before
+    False
+    """
+    _REMEMBERED.clear()
 
 
 def _interpolate(table: dict[int, float], x: int) -> float:
@@ -260,11 +317,12 @@ def _interpolate(table: dict[int, float], x: int) -> float:
 class DraftLengthPolicy:
     """Choose each step's draft length ``m`` in ``0..k_max`` (see the module docstring).
 
-    The first steps try every length once, ``k_max`` first, then a plain step, then the
-    lengths between, longest first: forward times do not grow along a line with the rows
-    scored (matrix products are cheaper per row for some row counts than for others), so
-    each width is measured rather than guessed. One :class:`CostModel` serves the whole
-    run, whatever the batch size.
+    A step tries a length that the cost model has not timed at about its scale yet (rows
+    within a factor of two), ``k_max`` first, then a plain step, then the lengths between,
+    longest first: forward times do not grow along a line with the rows scored (matrix
+    products are cheaper per row for some row counts than for others), so each width is
+    measured rather than guessed. One :class:`CostModel` serves the whole run, whatever the
+    batch size, and may come from earlier runs (:func:`remembered_costs`).
 
     Parameters
     ----------
@@ -272,15 +330,17 @@ class DraftLengthPolicy:
         The largest draft length.
     batch : int
         Sequences at the start (more join with :meth:`AcceptanceTracker.add`).
+    cost : CostModel, optional
+        The timings to start from (default: none).
     """
 
-    def __init__(self, k_max: int, batch: int) -> None:
+    def __init__(self, k_max: int, batch: int, cost: CostModel | None = None) -> None:
         if k_max < 0:
             raise ValueError(f"k_max must be >= 0, got {k_max}")
         self.k_max = k_max
         self.acceptance = AcceptanceTracker(batch, k_max)
-        self.cost = CostModel()
-        self.plan = [k_max, 0, *range(k_max - 1, 0, -1)] if k_max else []
+        self.cost = CostModel() if cost is None else cost
+        self.order = [k_max, 0, *range(k_max - 1, 0, -1)] if k_max else []
         self.shorter = 0
         self.explore_after = EXPLORE_EVERY
         self.exploring: int | None = None
@@ -290,8 +350,8 @@ class DraftLengthPolicy:
     ) -> int:
         """The draft length of the next step.
 
-        The first steps try the lengths not tried yet (see the class docstring); after
-        that, the best ratio of expected tokens to expected time (``k_max`` unless another
+        A step tries a length not timed yet at this scale (see the class docstring);
+        otherwise the best ratio of expected tokens to expected time (``k_max`` unless another
         length is :data:`MARGIN` better), and ``k_max`` again after :data:`EXPLORE_EVERY`
         shorter steps in a row (then after twice as many, and so on, while drafting does
         not pay).
@@ -324,8 +384,9 @@ class DraftLengthPolicy:
         self.exploring = None
         if not top:
             return 0
-        if self.plan:
-            self.exploring = min(self.plan[0], top)
+        untimed = self._untimed()
+        if untimed is not None:
+            self.exploring = min(untimed, top)
             return self.exploring
         best = self._best(limits, None if drafting is not None else self.acceptance.found)
         if best == top:
@@ -345,6 +406,14 @@ class DraftLengthPolicy:
         if self.exploring is not None:
             return min(self.exploring, max(limits, default=0))
         return self._best(limits)
+
+    def _untimed(self) -> int | None:
+        """The first length of :attr:`order` not timed at this batch's scale, if any."""
+        batch = len(self.acceptance)
+        for m in self.order:
+            if (m, (batch * (m + 1)).bit_length()) not in self.cost.tried:
+                return m
+        return None
 
     def _limits(self, room: Sequence[int] | None, drafting: Sequence[bool] | None) -> list[int]:
         """``[batch]`` the drafts each sequence can use (see :meth:`choose`)."""
@@ -386,8 +455,7 @@ class DraftLengthPolicy:
         observed).
         """
         batch = len(accepted)
-        if m in self.plan:
-            self.plan.remove(m)
+        self.cost.tried.add((m, (batch * (m + 1)).bit_length()))
         self.cost.observe_target(batch * (m + 1), target_seconds)
         if m:
             self.cost.observe_draft(batch, draft_seconds / m)
