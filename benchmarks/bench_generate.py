@@ -44,8 +44,9 @@ the timed rounds (a busy machine skews every ratio). A plot (``--plot``, default
 ours at every batch size, one column per temperature.
 
 The default run (``--threads 1``: 8 prompts x 96 new tokens, temperatures 0 and 1, batch
-sizes 1 4 8, a queue of 32, 3 rounds) takes about 20 minutes on an idle 2-core machine
-(a round about 6 minutes, two thirds of it the main section, a third the queue).
+sizes 1 4 8, a queue of 32, 5 rounds) takes about 20 minutes on an idle 2-core machine
+(a round under 4 minutes, two thirds of it the main section, a third the queue); single
+cells still move by a few percent between runs, so read ratios near 1 as ties.
 Run ``python benchmarks/bench_generate.py --help`` for the options.
 """
 
@@ -104,7 +105,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--queue", type=int, default=32, help="prompts of the queue section (0: skip it)"
     )
-    parser.add_argument("--rounds", type=int, default=3, help="timed runs of each contestant")
+    parser.add_argument("--rounds", type=int, default=5, help="timed runs of each contestant")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
     )

@@ -89,23 +89,35 @@ def test_policy_never_drafts_past_what_a_sequence_can_keep() -> None:
 
 def test_cost_line_interpolates_and_extrapolates() -> None:
     cost = CostModel()
-    cost.observe_target(2, 1.0)
-    cost.observe_target(6, 2.0)
-    cost.observe_target(8, 4.0)
-    assert cost.target_time(4) == pytest.approx(1.5)
-    assert cost.target_time(10) == pytest.approx(6.0)
-    assert cost.target_time(1) == pytest.approx(0.75)
+    cost.observe_target(1, 2, 1.0)
+    cost.observe_target(1, 6, 2.0)
+    cost.observe_target(1, 8, 4.0)
+    assert cost.target_time(1, 4) == pytest.approx(1.5)
+    assert cost.target_time(1, 10) == pytest.approx(6.0)
+    assert cost.target_time(1, 1) == pytest.approx(0.75)
     assert cost.draft_time(3) == 0.0
     cost.observe_draft(2, 0.5)
     assert cost.draft_time(5) == pytest.approx(0.5)
 
 
-def test_costs_are_kept_by_rows_across_batch_sizes() -> None:
-    """A step of 2 sequences x 4 slots and one of 8 sequences x 1 slot score the same rows."""
-    policy = DraftLengthPolicy(k_max=3, batch=2)
-    policy.record(3, [1, 2], target_seconds=0.04, draft_seconds=0.003)
-    assert policy.cost.target_time(8) == pytest.approx(0.04)
-    assert policy.cost.draft_time(2) == pytest.approx(0.001)
+def test_a_batch_size_without_a_curve_borrows_the_nearest_one() -> None:
+    """Scaled to agree with the one width it has measured, if any."""
+    cost = CostModel()
+    cost.observe_target(8, 1, 0.010)
+    cost.observe_target(8, 5, 0.030)
+    cost.observe_target(2, 1, 0.004)
+    cost.observe_target(1, 1, 0.003)
+    cost.observe_target(1, 5, 0.003)
+    assert cost.target_time(6, 3) == pytest.approx(0.020)
+    assert cost.target_time(2, 5) == pytest.approx(0.004)
+    assert cost.target_time(4, 1) == pytest.approx(0.003)
+
+
+def test_timings_are_medians_of_the_recent_ones() -> None:
+    cost = CostModel()
+    for seconds in (0.010, 0.011, 0.500, 0.012):
+        cost.observe_target(4, 2, seconds)
+    assert cost.target_time(4, 2) == pytest.approx(0.0115)
 
 
 def test_policy_tries_every_length_then_follows_acceptance() -> None:
@@ -161,13 +173,13 @@ def test_stats_count_only_the_drafts_offered() -> None:
 
 
 def test_a_later_run_starts_from_the_timings_of_earlier_ones() -> None:
-    """Lengths timed at a scale are not tried again; another scale is tried afresh."""
+    """Lengths timed at about a batch size are not tried again; another size is tried."""
     first = DraftLengthPolicy(k_max=2, batch=4)
     for _ in range(3):
         m = first.choose()
         first.record(m, [m] * 4, target_seconds=0.01 + 0.001 * m, draft_seconds=0.001 * m)
-    assert first.cost.tried == {(2, 4), (0, 3), (1, 4)}
-    again = DraftLengthPolicy(k_max=2, batch=4, cost=first.cost)
+    assert first.cost.tried == {(2, 3), (0, 3), (1, 3)}
+    again = DraftLengthPolicy(k_max=2, batch=5, cost=first.cost)
     assert again.choose() == 2 and again.exploring is None
     wider = DraftLengthPolicy(k_max=2, batch=64, cost=first.cost)
     assert wider.choose() == 2 and wider.exploring == 2

@@ -14,11 +14,10 @@ sequence keeps, and a draft can only add accepted tokens, so the one decision pe
   found nothing to propose this step (a prompt-lookup drafter tells before the length is
   chosen);
 * **cost** (:class:`CostModel`): the measured time of the rest of a step (the target forward,
-  verification and commit) as a function of the rows it scores (sequences times slots;
-  every width is tried once at the start, and rows not measured are read off the line
-  through the nearest measured ones), and of one draft forward as a function of the batch
-  size. Leaving out what a step costs besides its forwards would make drafting look dearer
-  than it is.
+  verification and commit) by batch size and slots scored (every width is tried once at
+  about each batch size; widths not measured are read off the line through the measured
+  ones), and of one draft forward by batch size. Leaving out what a step costs besides its
+  forwards would make drafting look dearer than it is.
 
 The policy reads only what is known before the target scores the step (past acceptance, past
 timings), never the step's own random numbers, so verification stays exact whatever it
@@ -194,51 +193,66 @@ class AcceptanceTracker:
 
 
 class CostModel:
-    """Measured step times, as functions of the rows a forward scores.
+    """Measured step times: the target's side by batch size and width, a draft forward by
+    batch size.
 
-    A forward's cost depends mostly on its rows (sequences times slots), whatever the batch
-    size: the matrix products see ``rows`` input vectors. So the target's side of a step (its
-    forward, verification and commit: all that a step costs besides drafting) is kept by
-    rows scored, and a draft forward (one slot per sequence) by batch size, each as the
-    median of its last :data:`TIMINGS_KEPT` timings. A value not measured is read off the
-    line through the nearest measured ones, so timings taken at one batch size serve the
-    others as sequences finish or join. :attr:`tried` holds the pairs ``(draft length,
-    rows.bit_length())`` measured: which lengths were timed at about which scale.
+    The target's side of a step is its forward, its verification and its commit: all that a
+    step costs besides drafting. Each time is the median of its last :data:`TIMINGS_KEPT`
+    timings, so a step that an unrelated pause made slow does not move it. A width not
+    measured at a batch size is read off the line through that batch size's measured
+    widths; a batch size with fewer than two takes the curve of the nearest one that has
+    them, scaled to agree with its own measured width if it has one. :attr:`tried` holds
+    the pairs ``(draft length, batch.bit_length())`` measured: which lengths were timed at
+    about which batch size.
 
     Examples
     --------
     >>> c = CostModel()
-    >>> c.observe_target(8, 0.010); c.observe_target(40, 0.026)
-    >>> round(c.target_time(24), 4)
+    >>> c.observe_target(8, 1, 0.010); c.observe_target(8, 5, 0.026)
+    >>> round(c.target_time(8, 3), 4)
     0.018
+    >>> c.observe_target(4, 1, 0.005); round(c.target_time(4, 3), 4)
+    0.009
     >>> c.observe_draft(8, 0.001); round(c.draft_time(4), 4)
     0.001
     """
 
     def __init__(self) -> None:
-        self.target: dict[int, float] = {}
+        self.target: dict[int, dict[int, float]] = {}
         self.draft: dict[int, float] = {}
         self.tried: set[tuple[int, int]] = set()
-        self._samples: dict[tuple[str, int], deque[float]] = {}
+        self._samples: dict[tuple[int, int], deque[float]] = {}
 
-    def observe_target(self, rows: int, seconds: float) -> None:
-        """The target's side of a step scoring ``rows`` slots in all took ``seconds``."""
-        self.target[rows] = self._observe("target", rows, seconds)
+    def observe_target(self, batch: int, width: int, seconds: float) -> None:
+        """The target's side of a step over ``width`` slots of ``batch`` sequences took
+        ``seconds``."""
+        self.target.setdefault(batch, {})[width] = self._observe((batch, width), seconds)
 
     def observe_draft(self, batch: int, seconds_per_position: float) -> None:
         """One draft forward over ``batch`` sequences took ``seconds_per_position``."""
-        self.draft[batch] = self._observe("draft", batch, seconds_per_position)
+        self.draft[batch] = self._observe((batch, 0), seconds_per_position)
 
-    def _observe(self, kind: str, x: int, seconds: float) -> float:
-        """Add a timing; the median of the recent ones at ``x``."""
-        recent = self._samples.setdefault((kind, x), deque(maxlen=TIMINGS_KEPT))
+    def _observe(self, key: tuple[int, int], seconds: float) -> float:
+        """Add a timing; the median of the recent ones under ``key``."""
+        recent = self._samples.setdefault(key, deque(maxlen=TIMINGS_KEPT))
         recent.append(seconds)
         return statistics.median(recent)
 
-    def target_time(self, rows: int) -> float:
-        """Expected time of the target's side of a step scoring ``rows`` slots (NaN: none
-        measured)."""
-        return _interpolate(self.target, rows)
+    def target_time(self, batch: int, width: int) -> float:
+        """Expected time of the target's side of a step over ``width`` slots of ``batch``
+        sequences (NaN: nothing measured)."""
+        own = self.target.get(batch, {})
+        if width in own or len(own) >= 2:
+            return _interpolate(own, width)
+        curves = [b for b, widths in self.target.items() if len(widths) >= 2]
+        if not curves:
+            return _interpolate(own, width) if own else math.nan
+        nearest = self.target[min(curves, key=lambda b: (abs(b - batch), -b))]
+        if not own:
+            return _interpolate(nearest, width)
+        ((measured, seconds),) = own.items()
+        scale = seconds / max(_interpolate(nearest, measured), 1e-12)
+        return scale * _interpolate(nearest, width)
 
     def draft_time(self, batch: int) -> float:
         """Expected time of one draft forward over ``batch`` sequences (0: none measured)."""
@@ -317,9 +331,9 @@ def _interpolate(table: dict[int, float], x: int) -> float:
 class DraftLengthPolicy:
     """Choose each step's draft length ``m`` in ``0..k_max`` (see the module docstring).
 
-    A step tries a length that the cost model has not timed at about its scale yet (rows
-    within a factor of two), ``k_max`` first, then a plain step, then the lengths between,
-    longest first: forward times do not grow along a line with the rows scored (matrix
+    A step tries a length that the cost model has not timed at about its batch size yet
+    (within a factor of two), ``k_max`` first, then a plain step, then the lengths between,
+    longest first: forward times do not grow along a line with the slots scored (matrix
     products are cheaper per row for some row counts than for others), so each width is
     measured rather than guessed. One :class:`CostModel` serves the whole run, whatever the
     batch size, and may come from earlier runs (:func:`remembered_costs`).
@@ -408,10 +422,10 @@ class DraftLengthPolicy:
         return self._best(limits)
 
     def _untimed(self) -> int | None:
-        """The first length of :attr:`order` not timed at this batch's scale, if any."""
+        """The first length of :attr:`order` not timed at about this batch size, if any."""
         batch = len(self.acceptance)
         for m in self.order:
-            if (m, (batch * (m + 1)).bit_length()) not in self.cost.tried:
+            if (m, batch.bit_length()) not in self.cost.tried:
                 return m
         return None
 
@@ -434,7 +448,7 @@ class DraftLengthPolicy:
         draft = self.cost.draft_time(batch)
         tokens = self.acceptance.expected_tokens(limits, found)
         rates = [
-            tokens[m] / max(self.cost.target_time(batch * (m + 1)) + m * draft, 1e-12)
+            tokens[m] / max(self.cost.target_time(batch, m + 1) + m * draft, 1e-12)
             for m in range(top + 1)
         ]
         best = max(range(top + 1), key=rates.__getitem__)
@@ -455,8 +469,8 @@ class DraftLengthPolicy:
         observed).
         """
         batch = len(accepted)
-        self.cost.tried.add((m, (batch * (m + 1)).bit_length()))
-        self.cost.observe_target(batch * (m + 1), target_seconds)
+        self.cost.tried.add((m, batch.bit_length()))
+        self.cost.observe_target(batch, m + 1, target_seconds)
         if m:
             self.cost.observe_draft(batch, draft_seconds / m)
             self.acceptance.update([m] * batch if offered is None else offered, accepted)
