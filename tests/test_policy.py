@@ -87,11 +87,16 @@ def test_policy_never_drafts_past_what_a_sequence_can_keep() -> None:
     assert policy.acceptance.reached[0][:3] == [1.0, 1.0, 1.0]
 
 
-def test_cost_line_interpolates_and_extrapolates() -> None:
+def _timed(*steps: tuple[int, int, float]) -> CostModel:
+    """A cost model that observed each ``(batch, width, seconds)`` of the target's side."""
     cost = CostModel()
-    cost.observe_target(1, 2, 1.0)
-    cost.observe_target(1, 6, 2.0)
-    cost.observe_target(1, 8, 4.0)
+    for batch, width, seconds in steps:
+        cost.observe_target(batch, width, seconds)
+    return cost
+
+
+def test_cost_line_interpolates_and_extrapolates() -> None:
+    cost = _timed((1, 2, 1.0), (1, 6, 2.0), (1, 8, 4.0))
     assert cost.target_time(1, 4) == pytest.approx(1.5)
     assert cost.target_time(1, 10) == pytest.approx(6.0)
     assert cost.target_time(1, 1) == pytest.approx(0.75)
@@ -102,12 +107,7 @@ def test_cost_line_interpolates_and_extrapolates() -> None:
 
 def test_a_batch_size_without_a_curve_borrows_the_nearest_one() -> None:
     """Scaled to agree with the one width it has measured, if any."""
-    cost = CostModel()
-    cost.observe_target(8, 1, 0.010)
-    cost.observe_target(8, 5, 0.030)
-    cost.observe_target(2, 1, 0.004)
-    cost.observe_target(1, 1, 0.003)
-    cost.observe_target(1, 5, 0.003)
+    cost = _timed((8, 1, 0.010), (8, 5, 0.030), (2, 1, 0.004), (1, 1, 0.003), (1, 5, 0.003))
     assert cost.target_time(6, 3) == pytest.approx(0.020)
     assert cost.target_time(2, 5) == pytest.approx(0.004)
     assert cost.target_time(4, 1) == pytest.approx(0.003)

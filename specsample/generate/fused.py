@@ -131,6 +131,7 @@ class _Layer:
         self.out = Projection([attention.o_proj], pack=pack)
         self.gate_up = Projection([mlp.gate_proj, mlp.up_proj], pack=pack)
         self.down = Projection([mlp.down_proj], pack=pack)
+        self.projections = (self.qkv, self.out, self.gate_up, self.down)
         self.act: Callable[[torch.Tensor], torch.Tensor] = mlp.act_fn
 
 
@@ -191,20 +192,17 @@ class FusedForward:
     def __init__(self, model: Any, *, pack: bool = True) -> None:
         inner = model.model
         config = model.config
-        weights = [
-            module.weight
-            for layer in inner.layers
-            for module in (*_projections(layer), model.lm_head)
-        ]
+        modules = [module for layer in inner.layers for module in _projections(layer)]
+        weights = [module.weight for module in (*modules, model.lm_head)]
         size = sum(w.numel() * w.element_size() for w in weights)
         pack = pack and all(can_pack(w) for w in weights) and size <= PACK_LIMIT_BYTES
         self.embedding = inner.embed_tokens.weight.detach()
         self.layers = [_Layer(layer, pack) for layer in inner.layers]
         self.norm = _norm(inner.norm)
         self.head = Projection([model.lm_head], pack=pack)
-        projections = [p for layer in self.layers for p in (layer.qkv, layer.out)]
-        projections += [p for layer in self.layers for p in (layer.gate_up, layer.down)]
-        self.packed = any(p.packed is not None for p in (*projections, self.head))
+        self.packed = self.head.packed is not None or any(
+            p.packed is not None for layer in self.layers for p in layer.projections
+        )
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
         self.head_dim = int(

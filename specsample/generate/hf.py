@@ -34,7 +34,7 @@ import math
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 
@@ -370,9 +370,7 @@ class CachedLM:
             self._positions[:, self.width : self.width + n].copy_(position_ids)
         self.width += n
         if self.fused is not None:
-            full = self._masks(position_ids, visible)
-            if not isinstance(full, torch.Tensor):
-                raise TypeError("the fused forward serves models without sliding windows")
+            full = cast(torch.Tensor, self._masks(position_ids, visible))  # no window: one mask
             return self.fused(input_ids, position_ids, full, self.cache, keep)
         mask: torch.Tensor | dict[str, torch.Tensor] = self._mask[:, : self.width]
         if self.attention.window is not None or visible is not None:

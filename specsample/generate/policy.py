@@ -220,8 +220,16 @@ class CostModel:
     def __init__(self) -> None:
         self.target: dict[int, dict[int, float]] = {}
         self.draft: dict[int, float] = {}
-        self.tried: set[tuple[int, int]] = set()
         self._samples: dict[tuple[int, int], deque[float]] = {}
+
+    @property
+    def tried(self) -> set[tuple[int, int]]:
+        """``(draft length, batch.bit_length())`` of every step timed."""
+        return {
+            (width - 1, batch.bit_length())
+            for batch, widths in self.target.items()
+            for width in widths
+        }
 
     def observe_target(self, batch: int, width: int, seconds: float) -> None:
         """The target's side of a step over ``width`` slots of ``batch`` sequences took
@@ -423,11 +431,9 @@ class DraftLengthPolicy:
 
     def _untimed(self) -> int | None:
         """The first length of :attr:`order` not timed at about this batch size, if any."""
-        batch = len(self.acceptance)
-        for m in self.order:
-            if (m, batch.bit_length()) not in self.cost.tried:
-                return m
-        return None
+        scale = len(self.acceptance).bit_length()
+        tried = self.cost.tried
+        return next((m for m in self.order if (m, scale) not in tried), None)
 
     def _limits(self, room: Sequence[int] | None, drafting: Sequence[bool] | None) -> list[int]:
         """``[batch]`` the drafts each sequence can use (see :meth:`choose`)."""
@@ -469,7 +475,6 @@ class DraftLengthPolicy:
         observed).
         """
         batch = len(accepted)
-        self.cost.tried.add((m, batch.bit_length()))
         self.cost.observe_target(batch, m + 1, target_seconds)
         if m:
             self.cost.observe_draft(batch, draft_seconds / m)
