@@ -6,8 +6,11 @@ import pytest
 
 from specsample.generate.policy import (
     EXPLORE_EVERY,
+    FRESH_FOR,
     PRIOR_ACCEPTANCE,
     PRIOR_WEIGHT,
+    TIMINGS_KEPT,
+    TIMINGS_TO_TRUST,
     AcceptanceTracker,
     CostModel,
     DraftLengthPolicy,
@@ -113,21 +116,40 @@ def test_a_batch_size_without_a_curve_borrows_the_nearest_one() -> None:
     assert cost.target_time(4, 1) == pytest.approx(0.003)
 
 
-def test_timings_are_medians_of_the_recent_ones() -> None:
+def test_timings_are_the_fastest_of_the_recent_ones() -> None:
+    """A slow first step counts only until the next ones push it out; a slow one in between
+    does not count."""
     cost = CostModel()
-    for seconds in (0.010, 0.011, 0.500, 0.012):
+    cost.observe_target(4, 2, 0.500)
+    assert cost.target_time(4, 2) == pytest.approx(0.500)
+    for seconds in (0.012, 0.011, 0.400, 0.013):
         cost.observe_target(4, 2, seconds)
-    assert cost.target_time(4, 2) == pytest.approx(0.0115)
+    assert cost.target_time(4, 2) == pytest.approx(0.011)
+    for _ in range(TIMINGS_KEPT):
+        cost.observe_target(4, 2, 0.020)
+    assert cost.target_time(4, 2) == pytest.approx(0.020)
+
+
+def test_a_length_not_timed_lately_is_tried_again() -> None:
+    """Timings older than FRESH_FOR steps keep their estimate but no longer count as tried."""
+    cost = _timed((4, 5, 0.030), (4, 5, 0.031), (4, 1, 0.010), (4, 1, 0.010))
+    assert cost.tried == {(4, 3), (0, 3)}
+    for _ in range(FRESH_FOR - 1):
+        cost.observe_target(4, 1, 0.010)
+    assert cost.tried == {(0, 3)}
+    assert cost.target_time(4, 5) == pytest.approx(0.030)
+    policy = DraftLengthPolicy(k_max=4, batch=4, cost=cost)
+    assert policy.choose() == 4 and policy.exploring == 4
 
 
 def test_policy_tries_every_length_then_follows_acceptance() -> None:
     policy = DraftLengthPolicy(k_max=4, batch=1)
     tried = []
-    for _ in range(5):
+    for _ in range(5 * TIMINGS_TO_TRUST):
         m = policy.choose()
         tried.append(m)
         policy.record(m, [min(m, 1)], target_seconds=0.01 + 0.0025 * m, draft_seconds=0.001 * m)
-    assert tried == [4, 0, 3, 2, 1]
+    assert tried == [m for m in (4, 0, 3, 2, 1) for _ in range(TIMINGS_TO_TRUST)]
     for _ in range(20):
         policy.record(4, [4], target_seconds=0.02, draft_seconds=0.004)
     assert policy.choose() == 4
@@ -139,9 +161,10 @@ def test_policy_tries_every_length_then_follows_acceptance() -> None:
 def test_explorations_grow_rarer_while_drafting_does_not_pay() -> None:
     """Every exploration the policy does not follow up doubles the interval to the next."""
     policy = DraftLengthPolicy(k_max=2, batch=1)
-    policy.record(2, [0], target_seconds=0.05, draft_seconds=0.01)
-    policy.record(0, [0], target_seconds=0.01, draft_seconds=0.0)
-    policy.record(1, [0], target_seconds=0.03, draft_seconds=0.01)
+    for _ in range(TIMINGS_TO_TRUST):
+        policy.record(2, [0], target_seconds=0.05, draft_seconds=0.01)
+        policy.record(0, [0], target_seconds=0.01, draft_seconds=0.0)
+        policy.record(1, [0], target_seconds=0.03, draft_seconds=0.01)
     explored = []
     for step in range(200):
         m = policy.choose()
@@ -151,6 +174,24 @@ def test_explorations_grow_rarer_while_drafting_does_not_pay() -> None:
     first = EXPLORE_EVERY
     second = first + 2 * EXPLORE_EVERY + 1
     assert explored == [first, second, second + 4 * EXPLORE_EVERY + 1]
+
+
+def test_a_plain_step_needs_no_margin_a_shorter_draft_does() -> None:
+    """Drafts that never pay lose to a plain step even when they cost only a little more;
+    a length between 0 and k_max must beat k_max by MARGIN."""
+    policy = DraftLengthPolicy(k_max=2, batch=1)
+    for _ in range(TIMINGS_TO_TRUST):
+        for m in (2, 0, 1):
+            policy.record(m, [0], target_seconds=0.010 * (1 + 0.06 * m), draft_seconds=0.0)
+    for _ in range(30):
+        policy.record(2, [0], target_seconds=0.0106, draft_seconds=0.0)
+    assert policy.choose() == 0
+    policy = DraftLengthPolicy(k_max=2, batch=1)
+    for _ in range(TIMINGS_TO_TRUST):
+        policy.record(2, [2], target_seconds=0.0110, draft_seconds=0.0)
+        policy.record(0, [0], target_seconds=0.0100, draft_seconds=0.0)
+        policy.record(1, [1], target_seconds=0.0075, draft_seconds=0.0)
+    assert policy.choose() == 2
 
 
 def test_policy_refuses_a_negative_maximum() -> None:
@@ -175,7 +216,7 @@ def test_stats_count_only_the_drafts_offered() -> None:
 def test_a_later_run_starts_from_the_timings_of_earlier_ones() -> None:
     """Lengths timed at about a batch size are not tried again; another size is tried."""
     first = DraftLengthPolicy(k_max=2, batch=4)
-    for _ in range(3):
+    for _ in range(3 * TIMINGS_TO_TRUST):
         m = first.choose()
         first.record(m, [m] * 4, target_seconds=0.01 + 0.001 * m, draft_seconds=0.001 * m)
     assert first.cost.tried == {(2, 3), (0, 3), (1, 3)}

@@ -14,7 +14,7 @@ sequence keeps, and a draft can only add accepted tokens, so the one decision pe
   found nothing to propose this step (a prompt-lookup drafter tells before the length is
   chosen);
 * **cost** (:class:`CostModel`): the measured time of the rest of a step (the target forward,
-  verification and commit) by batch size and slots scored (every width is tried once at
+  verification and commit) by batch size and slots scored (every width is tried twice at
   about each batch size; widths not measured are read off the line through the measured
   ones), and of one draft forward by batch size. Leaving out what a step costs besides its
   forwards would make drafting look dearer than it is.
@@ -34,9 +34,8 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
 import weakref
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -56,9 +55,19 @@ other's."""
 HISTORY_DECAY = 0.95
 """Weight of the past in the run-wide counts at the first position (per observation)."""
 
-TIMINGS_KEPT = 5
-"""How many recent timings of each width (or batch size) a cost estimate is the median of: a
-step that an unrelated pause made slow does not move it."""
+TIMINGS_KEPT = 3
+"""How many recent timings of each width (or batch size) a cost estimate is the fastest of:
+noise only ever adds time (a pause, a cold cache, the first step of a shape), so one slow
+step does not move the estimate, and the next normal one undoes a slow start."""
+
+TIMINGS_TO_TRUST = 2
+"""How many timings a width needs at about a batch size before the policy stops trying it:
+the first step of a width is often slow for reasons that do not recur."""
+
+FRESH_FOR = 1000
+"""How many steps a timing counts towards :data:`TIMINGS_TO_TRUST`: a width the policy has
+not chosen for longer is tried again, since the machine's speed drifts (a width timed only
+while another process slowed every step would otherwise look dear for good)."""
 
 EXPLORE_EVERY = 16
 """After this many steps in a row shorter than ``k_max``, one step drafts ``k_max`` again: its
@@ -71,9 +80,12 @@ ever less; choosing ``k_max`` on its own resets it."""
 EXPLORE_AT_MOST = 256
 """The longest interval between two explorations."""
 
-MARGIN = 0.05
-"""A shorter draft length is chosen over ``k_max`` only if it is expected to be this much faster
-(noisy timings and acceptance averages would otherwise make it drift away from ``k_max``)."""
+MARGIN = 0.1
+"""A draft length between 0 and ``k_max`` is chosen over ``k_max`` only if it is expected to be
+this much faster (noisy timings and acceptance averages would otherwise make it drift away
+from ``k_max``); a plain step is chosen whenever it is expected to be faster at all, since
+drafts that barely pay for themselves cost more than they seem to (the estimates of both
+are fastest-case timings, and a step that drafts varies more)."""
 
 
 class AcceptanceTracker:
@@ -197,13 +209,14 @@ class CostModel:
     batch size.
 
     The target's side of a step is its forward, its verification and its commit: all that a
-    step costs besides drafting. Each time is the median of its last :data:`TIMINGS_KEPT`
+    step costs besides drafting. Each time is the fastest of its last :data:`TIMINGS_KEPT`
     timings, so a step that an unrelated pause made slow does not move it. A width not
     measured at a batch size is read off the line through that batch size's measured
     widths; a batch size with fewer than two takes the curve of the nearest one that has
     them, scaled to agree with its own measured width if it has one. :attr:`tried` holds
-    the pairs ``(draft length, batch.bit_length())`` measured: which lengths were timed at
-    about which batch size.
+    the pairs ``(draft length, batch.bit_length())`` measured :data:`TIMINGS_TO_TRUST` times
+    in the last :data:`FRESH_FOR` steps (:attr:`steps` counts the target timings): which
+    lengths were timed often and lately enough at about which batch size.
 
     Examples
     --------
@@ -220,20 +233,25 @@ class CostModel:
     def __init__(self) -> None:
         self.target: dict[int, dict[int, float]] = {}
         self.draft: dict[int, float] = {}
-        self._samples: dict[tuple[int, int], deque[float]] = {}
+        self._samples: dict[tuple[int, int], deque[tuple[int, float]]] = {}
+        self.steps = 0
 
     @property
     def tried(self) -> set[tuple[int, int]]:
-        """``(draft length, batch.bit_length())`` of every step timed."""
-        return {
-            (width - 1, batch.bit_length())
-            for batch, widths in self.target.items()
-            for width in widths
-        }
+        """``(draft length, batch.bit_length())`` of the steps timed at least
+        :data:`TIMINGS_TO_TRUST` times in the last :data:`FRESH_FOR` steps."""
+        counts: Counter[tuple[int, int]] = Counter()
+        since = self.steps - FRESH_FOR
+        for (batch, width), recent in self._samples.items():
+            if width:
+                fresh = sum(step > since for step, _ in recent)
+                counts[width - 1, batch.bit_length()] += fresh
+        return {key for key, count in counts.items() if count >= TIMINGS_TO_TRUST}
 
     def observe_target(self, batch: int, width: int, seconds: float) -> None:
         """The target's side of a step over ``width`` slots of ``batch`` sequences took
         ``seconds``."""
+        self.steps += 1
         self.target.setdefault(batch, {})[width] = self._observe((batch, width), seconds)
 
     def observe_draft(self, batch: int, seconds_per_position: float) -> None:
@@ -241,10 +259,10 @@ class CostModel:
         self.draft[batch] = self._observe((batch, 0), seconds_per_position)
 
     def _observe(self, key: tuple[int, int], seconds: float) -> float:
-        """Add a timing; the median of the recent ones under ``key``."""
+        """Add a timing; the fastest of the recent ones under ``key``."""
         recent = self._samples.setdefault(key, deque(maxlen=TIMINGS_KEPT))
-        recent.append(seconds)
-        return statistics.median(recent)
+        recent.append((self.steps, seconds))
+        return min(seconds for _, seconds in recent)
 
     def target_time(self, batch: int, width: int) -> float:
         """Expected time of the target's side of a step over ``width`` slots of ``batch``
@@ -339,12 +357,13 @@ def _interpolate(table: dict[int, float], x: int) -> float:
 class DraftLengthPolicy:
     """Choose each step's draft length ``m`` in ``0..k_max`` (see the module docstring).
 
-    A step tries a length that the cost model has not timed at about its batch size yet
-    (within a factor of two), ``k_max`` first, then a plain step, then the lengths between,
-    longest first: forward times do not grow along a line with the slots scored (matrix
-    products are cheaper per row for some row counts than for others), so each width is
-    measured rather than guessed. One :class:`CostModel` serves the whole run, whatever the
-    batch size, and may come from earlier runs (:func:`remembered_costs`).
+    A step tries a length that the cost model has not timed :data:`TIMINGS_TO_TRUST` times
+    at about its batch size yet (within a factor of two), ``k_max`` first, then a plain
+    step, then the lengths between, longest first: forward times do not grow along a line
+    with the slots scored (matrix products are cheaper per row for some row counts than for
+    others), so each width is measured rather than guessed. One :class:`CostModel` serves
+    the whole run, whatever the batch size, and may come from earlier runs
+    (:func:`remembered_costs`).
 
     Parameters
     ----------
@@ -372,11 +391,11 @@ class DraftLengthPolicy:
     ) -> int:
         """The draft length of the next step.
 
-        A step tries a length not timed yet at this scale (see the class docstring);
-        otherwise the best ratio of expected tokens to expected time (``k_max`` unless another
-        length is :data:`MARGIN` better), and ``k_max`` again after :data:`EXPLORE_EVERY`
-        shorter steps in a row (then after twice as many, and so on, while drafting does
-        not pay).
+        A step tries a length not timed often enough yet at this scale (see the class
+        docstring); otherwise the best ratio of expected tokens to expected time (``k_max``
+        unless a plain step is better or another length :data:`MARGIN` better), and
+        ``k_max`` again after :data:`EXPLORE_EVERY` shorter steps in a row (then after twice
+        as many, and so on, while drafting does not pay).
 
         Parameters
         ----------
@@ -395,9 +414,10 @@ class DraftLengthPolicy:
         >>> policy = DraftLengthPolicy(k_max=2, batch=1)
         >>> [policy.choose() for _ in range(2)]  # nothing recorded: the widest step
         [2, 2]
-        >>> policy.record(2, [0], 0.05, 0.01); policy.choose()
+        >>> for m in (2, 2): policy.record(m, [0], 0.05, 0.01)
+        >>> policy.choose()
         0
-        >>> policy.record(0, [0], 0.01, 0.0); policy.record(1, [0], 0.03, 0.01)
+        >>> for m in (0, 0, 1, 1): policy.record(m, [0], 0.01 + 0.02 * m, 0.01 * m)
         >>> [policy.choose() for _ in range(EXPLORE_EVERY + 1)][-2:]
         [0, 2]
         """
@@ -430,7 +450,8 @@ class DraftLengthPolicy:
         return self._best(limits)
 
     def _untimed(self) -> int | None:
-        """The first length of :attr:`order` not timed at about this batch size, if any."""
+        """The first length of :attr:`order` not timed often enough at about this batch
+        size, if any."""
         scale = len(self.acceptance).bit_length()
         tried = self.cost.tried
         return next((m for m in self.order if (m, scale) not in tried), None)
@@ -445,7 +466,8 @@ class DraftLengthPolicy:
 
     def _best(self, limits: Sequence[int], found: Sequence[float] | None = None) -> int:
         """The length with the best expected rate: the longest useful one, ``max(limits)``,
-        unless another is :data:`MARGIN` better; no side effect. ``found``: see
+        unless a plain step is better or another length :data:`MARGIN` better; no side
+        effect. ``found``: see
         :meth:`AcceptanceTracker.expected_tokens`."""
         top = max(limits, default=0)
         if not top:
@@ -458,7 +480,7 @@ class DraftLengthPolicy:
             for m in range(top + 1)
         ]
         best = max(range(top + 1), key=rates.__getitem__)
-        return top if rates[best] <= (1.0 + MARGIN) * rates[top] else best
+        return top if best and rates[best] <= (1.0 + MARGIN) * rates[top] else best
 
     def record(
         self,
