@@ -130,16 +130,22 @@ def test_timings_are_the_fastest_of_the_recent_ones() -> None:
     assert cost.target_time(4, 2) == pytest.approx(0.020)
 
 
-def test_a_length_not_timed_lately_is_tried_again() -> None:
-    """Timings older than FRESH_FOR steps keep their estimate but no longer count as tried."""
-    cost = _timed((4, 5, 0.030), (4, 5, 0.031), (4, 1, 0.010), (4, 1, 0.010))
-    assert cost.tried == {(4, 3), (0, 3)}
-    for _ in range(FRESH_FOR - 1):
+def test_the_longest_length_is_timed_again_once_its_timings_are_old() -> None:
+    """After FRESH_FOR steps without one, a step of k_max is timed again at that scale; its
+    old timings keep their estimate meanwhile."""
+    cost = _timed((4, 3, 0.030), (4, 3, 0.031), (4, 1, 0.010), (4, 1, 0.010))
+    cost.observe_target(4, 2, 0.02)
+    cost.observe_target(4, 2, 0.02)
+    assert cost.fresh(5, 3) and not cost.fresh(8, 3)
+    for _ in range(FRESH_FOR - 3):
         cost.observe_target(4, 1, 0.010)
-    assert cost.tried == {(0, 3)}
-    assert cost.target_time(4, 5) == pytest.approx(0.030)
-    policy = DraftLengthPolicy(k_max=4, batch=4, cost=cost)
-    assert policy.choose() == 4 and policy.exploring == 4
+    assert not cost.fresh(4, 3) and cost.fresh(4, 2)
+    assert cost.tried == {(2, 3), (1, 3), (0, 3)}
+    assert cost.target_time(4, 3) == pytest.approx(0.030)
+    policy = DraftLengthPolicy(k_max=2, batch=4, cost=cost)
+    assert policy.choose() == 2 and policy.exploring == 2
+    policy.record(2, [0] * 4, target_seconds=0.03, draft_seconds=0.0)
+    assert policy.exploring == 2 and policy.choose() == 0 and policy.exploring is None
 
 
 def test_policy_tries_every_length_then_follows_acceptance() -> None:
@@ -159,7 +165,8 @@ def test_policy_tries_every_length_then_follows_acceptance() -> None:
 
 
 def test_explorations_grow_rarer_while_drafting_does_not_pay() -> None:
-    """Every exploration the policy does not follow up doubles the interval to the next."""
+    """Every exploration the policy does not follow up doubles the interval to the next;
+    each drafts one token more than the best length (here a plain step)."""
     policy = DraftLengthPolicy(k_max=2, batch=1)
     for _ in range(TIMINGS_TO_TRUST):
         policy.record(2, [0], target_seconds=0.05, draft_seconds=0.01)
@@ -170,10 +177,10 @@ def test_explorations_grow_rarer_while_drafting_does_not_pay() -> None:
         m = policy.choose()
         policy.record(m, [0], target_seconds=0.05 if m else 0.01, draft_seconds=0.01 * m)
         if m:
-            explored.append(step)
+            explored.append((step, m))
     first = EXPLORE_EVERY
     second = first + 2 * EXPLORE_EVERY + 1
-    assert explored == [first, second, second + 4 * EXPLORE_EVERY + 1]
+    assert explored == [(first, 1), (second, 1), (second + 4 * EXPLORE_EVERY + 1, 1)]
 
 
 def test_a_plain_step_needs_no_margin_a_shorter_draft_does() -> None:

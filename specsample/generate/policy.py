@@ -65,17 +65,19 @@ TIMINGS_TO_TRUST = 2
 the first step of a width is often slow for reasons that do not recur."""
 
 FRESH_FOR = 1000
-"""How many steps a timing counts towards :data:`TIMINGS_TO_TRUST`: a width the policy has
-not chosen for longer is tried again, since the machine's speed drifts (a width timed only
-while another process slowed every step would otherwise look dear for good)."""
+"""After this many steps without a step of ``k_max`` at about a batch size, one is timed
+again, since the machine's speed drifts (a width timed only while another process slowed
+every step would otherwise look dear for good)."""
 
 EXPLORE_EVERY = 16
-"""After this many steps in a row shorter than ``k_max``, one step drafts ``k_max`` again: its
-timing and the acceptance of the later positions are measured afresh (a step measured once,
-say while caches were cold, or a sequence whose first drafts failed, would otherwise keep
-the policy from ever drafting again). Each exploration that the policy does not follow up
-doubles the interval (up to :data:`EXPLORE_AT_MOST`), so that drafts that never pay cost
-ever less; choosing ``k_max`` on its own resets it."""
+"""After this many steps in a row shorter than ``k_max``, one step drafts one token more than
+the best length: the acceptance of the next position is measured afresh (a sequence whose
+first drafts failed would otherwise keep the policy from ever drafting again; a position
+never reached is taken for the one before it, so a good one lifts every longer length too,
+while a step one longer costs far less than one of ``k_max`` when drafts do not pay). Each
+exploration that the policy does not follow up doubles the interval (up to
+:data:`EXPLORE_AT_MOST`), so that drafts that never pay cost ever less; choosing ``k_max``
+on its own resets it."""
 
 EXPLORE_AT_MOST = 256
 """The longest interval between two explorations."""
@@ -214,9 +216,9 @@ class CostModel:
     measured at a batch size is read off the line through that batch size's measured
     widths; a batch size with fewer than two takes the curve of the nearest one that has
     them, scaled to agree with its own measured width if it has one. :attr:`tried` holds
-    the pairs ``(draft length, batch.bit_length())`` measured :data:`TIMINGS_TO_TRUST` times
-    in the last :data:`FRESH_FOR` steps (:attr:`steps` counts the target timings): which
-    lengths were timed often and lately enough at about which batch size.
+    the pairs ``(draft length, batch.bit_length())`` measured :data:`TIMINGS_TO_TRUST` times:
+    which lengths were timed often enough at about which batch size; :meth:`fresh` says
+    whether one was timed lately (:attr:`steps` counts the target timings).
 
     Examples
     --------
@@ -239,14 +241,23 @@ class CostModel:
     @property
     def tried(self) -> set[tuple[int, int]]:
         """``(draft length, batch.bit_length())`` of the steps timed at least
-        :data:`TIMINGS_TO_TRUST` times in the last :data:`FRESH_FOR` steps."""
+        :data:`TIMINGS_TO_TRUST` times."""
         counts: Counter[tuple[int, int]] = Counter()
-        since = self.steps - FRESH_FOR
         for (batch, width), recent in self._samples.items():
             if width:
-                fresh = sum(step > since for step, _ in recent)
-                counts[width - 1, batch.bit_length()] += fresh
+                counts[width - 1, batch.bit_length()] += len(recent)
         return {key for key, count in counts.items() if count >= TIMINGS_TO_TRUST}
+
+    def fresh(self, batch: int, width: int) -> bool:
+        """Whether ``width`` slots were timed at about ``batch`` sequences (within a factor
+        of two) in the last :data:`FRESH_FOR` steps."""
+        since, scale = self.steps - FRESH_FOR, batch.bit_length()
+        return any(
+            step > since
+            for (timed, slots), recent in self._samples.items()
+            if slots == width and timed.bit_length() == scale
+            for step, _ in recent
+        )
 
     def observe_target(self, batch: int, width: int, seconds: float) -> None:
         """The target's side of a step over ``width`` slots of ``batch`` sequences took
@@ -393,9 +404,9 @@ class DraftLengthPolicy:
 
         A step tries a length not timed often enough yet at this scale (see the class
         docstring); otherwise the best ratio of expected tokens to expected time (``k_max``
-        unless a plain step is better or another length :data:`MARGIN` better), and
-        ``k_max`` again after :data:`EXPLORE_EVERY` shorter steps in a row (then after twice
-        as many, and so on, while drafting does not pay).
+        unless a plain step is better or another length :data:`MARGIN` better), and one
+        token more than that after :data:`EXPLORE_EVERY` shorter steps in a row (then after
+        twice as many, and so on, while drafting does not pay).
 
         Parameters
         ----------
@@ -419,7 +430,7 @@ class DraftLengthPolicy:
         0
         >>> for m in (0, 0, 1, 1): policy.record(m, [0], 0.01 + 0.02 * m, 0.01 * m)
         >>> [policy.choose() for _ in range(EXPLORE_EVERY + 1)][-2:]
-        [0, 2]
+        [0, 1]
         """
         limits = self._limits(room, drafting)
         top = max(limits, default=0)
@@ -432,11 +443,13 @@ class DraftLengthPolicy:
             return self.exploring
         best = self._best(limits, None if drafting is not None else self.acceptance.found)
         if best == top:
-            self.explore_after = EXPLORE_EVERY
+            self.explore_after, self.shorter = EXPLORE_EVERY, 0
         elif self.shorter >= self.explore_after:
-            best, self.exploring = top, top
+            best = self.exploring = best + 1
             self.explore_after = min(2 * self.explore_after, EXPLORE_AT_MOST)
-        self.shorter = 0 if best == top else self.shorter + 1
+            self.shorter = 0
+        else:
+            self.shorter += 1
         return best
 
     def refine(self, room: Sequence[int] | None, drafting: Sequence[bool]) -> int:
@@ -451,10 +464,12 @@ class DraftLengthPolicy:
 
     def _untimed(self) -> int | None:
         """The first length of :attr:`order` not timed often enough at about this batch
-        size, if any."""
-        scale = len(self.acceptance).bit_length()
+        size, or ``k_max`` when it was not timed lately (:data:`FRESH_FOR`), if any."""
+        batch = len(self.acceptance)
         tried = self.cost.tried
-        return next((m for m in self.order if (m, scale) not in tried), None)
+        untimed = (m for m in self.order if (m, batch.bit_length()) not in tried)
+        stale = self.k_max if not self.cost.fresh(batch, self.k_max + 1) else None
+        return next(untimed, stale)
 
     def _limits(self, room: Sequence[int] | None, drafting: Sequence[bool] | None) -> list[int]:
         """``[batch]`` the drafts each sequence can use (see :meth:`choose`)."""
