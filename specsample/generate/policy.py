@@ -235,7 +235,8 @@ class CostModel:
     def __init__(self) -> None:
         self.target: dict[int, dict[int, float]] = {}
         self.draft: dict[int, float] = {}
-        self._samples: dict[tuple[int, int], deque[tuple[int, float]]] = {}
+        self._target: dict[tuple[int, int], deque[tuple[int, float]]] = {}
+        self._draft: dict[int, deque[tuple[int, float]]] = {}
         self.steps = 0
 
     @property
@@ -243,9 +244,8 @@ class CostModel:
         """``(draft length, batch.bit_length())`` of the steps timed at least
         :data:`TIMINGS_TO_TRUST` times."""
         counts: Counter[tuple[int, int]] = Counter()
-        for (batch, width), recent in self._samples.items():
-            if width:
-                counts[width - 1, batch.bit_length()] += len(recent)
+        for (batch, width), recent in self._target.items():
+            counts[width - 1, batch.bit_length()] += len(recent)
         return {key for key, count in counts.items() if count >= TIMINGS_TO_TRUST}
 
     def fresh(self, batch: int, width: int) -> bool:
@@ -253,25 +253,27 @@ class CostModel:
         of two) in the last :data:`FRESH_FOR` steps."""
         since, scale = self.steps - FRESH_FOR, batch.bit_length()
         return any(
-            step > since
-            for (timed, slots), recent in self._samples.items()
+            recent[-1][0] > since
+            for (timed, slots), recent in self._target.items()
             if slots == width and timed.bit_length() == scale
-            for step, _ in recent
         )
 
     def observe_target(self, batch: int, width: int, seconds: float) -> None:
         """The target's side of a step over ``width`` slots of ``batch`` sequences took
         ``seconds``."""
         self.steps += 1
-        self.target.setdefault(batch, {})[width] = self._observe((batch, width), seconds)
+        fastest = self._observe(self._target, (batch, width), seconds)
+        self.target.setdefault(batch, {})[width] = fastest
 
     def observe_draft(self, batch: int, seconds_per_position: float) -> None:
         """One draft forward over ``batch`` sequences took ``seconds_per_position``."""
-        self.draft[batch] = self._observe((batch, 0), seconds_per_position)
+        self.draft[batch] = self._observe(self._draft, batch, seconds_per_position)
 
-    def _observe(self, key: tuple[int, int], seconds: float) -> float:
-        """Add a timing; the fastest of the recent ones under ``key``."""
-        recent = self._samples.setdefault(key, deque(maxlen=TIMINGS_KEPT))
+    def _observe(
+        self, samples: dict[Any, deque[tuple[int, float]]], key: Any, seconds: float
+    ) -> float:
+        """Add a timing to ``samples[key]``; the fastest of the recent ones there."""
+        recent = samples.setdefault(key, deque(maxlen=TIMINGS_KEPT))
         recent.append((self.steps, seconds))
         return min(seconds for _, seconds in recent)
 
@@ -467,9 +469,10 @@ class DraftLengthPolicy:
         size, or ``k_max`` when it was not timed lately (:data:`FRESH_FOR`), if any."""
         batch = len(self.acceptance)
         tried = self.cost.tried
-        untimed = (m for m in self.order if (m, batch.bit_length()) not in tried)
-        stale = self.k_max if not self.cost.fresh(batch, self.k_max + 1) else None
-        return next(untimed, stale)
+        untimed = next((m for m in self.order if (m, batch.bit_length()) not in tried), None)
+        if untimed is None and not self.cost.fresh(batch, self.k_max + 1):
+            return self.k_max
+        return untimed
 
     def _limits(self, room: Sequence[int] | None, drafting: Sequence[bool] | None) -> list[int]:
         """``[batch]`` the drafts each sequence can use (see :meth:`choose`)."""
