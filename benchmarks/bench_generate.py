@@ -19,12 +19,19 @@ snippets), at most ``--max-new-tokens`` each and stopping at EOS, at every tempe
 
 transformers runs at batch size 1 (one prompt after the other); ours runs at every batch size
 of ``--batch-sizes`` (1 always included), with continuous batching (``max_batch_size``).
-Each contestant is warmed up once, then runs once per round for ``--rounds`` rounds, in an
-order that rotates between rounds (sampling with other random numbers each round, the same
-for every contestant of ours); every call is timed around the whole call with
-:func:`time.perf_counter`, tokens counted from what it returned (EOS included). The tables
-report medians over the rounds of tokens per second (tokens rather than calls, because a
-sampled sequence may stop at EOS after a different length in each run) and their ratios:
+Each contestant is warmed up once, then runs once per round for ``--rounds`` rounds
+(sampling with other random numbers each round, the same for every contestant of ours);
+every call is timed around the whole call with :func:`time.perf_counter`, tokens counted
+from what it returned (EOS included). The contestants that a ratio compares form a group
+(one temperature's batch-1 contestants, transformers' included; ours at one temperature and
+batch size; the queue), and a round runs the groups one after the other, each group's
+contestants back to back, both orders rotating between rounds: the speed of a shared
+machine drifts (by up to 2x over a minute on the one the README's figures come from), and
+contestants timed seconds apart meet the same speed, where contestants minutes apart need
+not. The tables report medians over the rounds of tokens per second (tokens rather than
+calls, because a sampled sequence may stop at EOS after a different length in each run),
+and every ratio is the median over the rounds of that round's ratio (the two contestants'
+calls of one round ran at most a group's length apart):
 
 * batch 1: each contestant's tokens/s and its ratio to ``hf target``; then the headline
   ratios ``ours adaptive (model) / best hf assisted`` (the faster of the two assisted
@@ -41,7 +48,8 @@ sampled sequence may stop at EOS after a different length in each run) and their
 The header gives the command line and the share of the CPUs other processes used during
 the timed rounds (a busy machine skews every ratio). A plot (``--plot``, default
 ``bench_generate.png``; ``--no-plot``) shows the batch-1 tokens/s of every contestant and
-ours at every batch size, one column per temperature.
+ours at every batch size, one column per temperature; ``--raw`` writes every timed call (its
+contestant, round and tokens/s) as a JSON line, to see the spread behind a median.
 
 The default run (``--threads 1``: 8 prompts x 96 new tokens, temperatures 0 and 1, batch
 sizes 1 4 8, a queue of 32, 5 rounds) takes about 20 minutes on an idle 2-core machine
@@ -54,11 +62,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import shlex
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -92,7 +101,8 @@ PROMPTS = (
     "    except KeyError:",
 )
 WARM_UP_TOKENS = 4
-Medians = dict[Slot, float]
+Rates = dict[Slot, list[float]]
+"""Tokens/s of every contestant, one value per round."""
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -111,6 +121,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--plot", default="bench_generate.png", help="where to save the plot")
     parser.add_argument("--no-plot", action="store_true", help="save no plot")
+    parser.add_argument(
+        "--raw", default=None, help="also write every timed call to this file, a JSON line each"
+    )
     args = parser.parse_args(argv)
     args.batch_sizes = sorted({1, *args.batch_sizes})
     return args
@@ -148,26 +161,43 @@ def _queue_names() -> list[str]:
     return [OURS_TARGET, *(ours(True, drafts) for drafts in DRAFTS)]
 
 
-def _rotated(items: Sequence[Contestant], round_index: int, rounds: int) -> list[Contestant]:
+def _rotated(items: Sequence[Any], round_index: int, rounds: int) -> list[Any]:
     """``items`` started at a different place in every round, the places spread evenly."""
     shift = round_index * len(items) // rounds
     return [*items[shift:], *items[:shift]]
 
 
-def _measure(
-    contestants: list[Contestant], args: argparse.Namespace
-) -> tuple[Medians, float | None]:
-    """Median tokens/s of every contestant, and the CPU share other processes took."""
+def _group(slot: Slot) -> tuple[object, ...]:
+    """The contestants a ratio of the report compares: one temperature's batch-1
+    contestants (transformers' and ours), ours at one temperature and larger batch size, or
+    the whole queue section (its ratios compare batch sizes)."""
+    if slot.section == "queue":
+        return (slot.section,)
+    return (slot.section, slot.temperature, slot.batch)
+
+
+def _groups(contestants: list[Contestant]) -> list[list[Contestant]]:
+    """``contestants`` by :func:`_group`, in order of first appearance."""
+    groups: dict[tuple[object, ...], list[Contestant]] = {}
+    for contestant in contestants:
+        groups.setdefault(_group(contestant.slot), []).append(contestant)
+    return list(groups.values())
+
+
+def _measure(contestants: list[Contestant], args: argparse.Namespace) -> tuple[Rates, float | None]:
+    """Tokens/s of every contestant in every round, and the CPU share other processes took."""
     print(f"warming up {len(contestants)} contestants", file=sys.stderr, flush=True)
     for contestant in contestants:
         contestant.tokens_per_s(WARM_UP_TOKENS)
-    rates: dict[Slot, list[float]] = {c.slot: [] for c in contestants}
+    rates: Rates = {c.slot: [] for c in contestants}
+    groups = _groups(contestants)
     started = time.perf_counter()
     with CpuShare() as share:
         for round_index in range(args.rounds):
-            for contestant in _rotated(contestants, round_index, args.rounds):
-                torch.manual_seed(round_index)
-                rates[contestant.slot].append(contestant.tokens_per_s(args.max_new_tokens))
+            for group in _rotated(groups, round_index, args.rounds):
+                for contestant in _rotated(group, round_index, args.rounds):
+                    torch.manual_seed(round_index)
+                    rates[contestant.slot].append(contestant.tokens_per_s(args.max_new_tokens))
             elapsed = time.perf_counter() - started
             left = elapsed / (round_index + 1) * (args.rounds - round_index - 1)
             print(
@@ -176,7 +206,18 @@ def _measure(
                 file=sys.stderr,
                 flush=True,
             )
-    return {slot: statistics.median(values) for slot, values in rates.items()}, share.share
+    return rates, share.share
+
+
+def _write_raw(rates: Rates, path: str) -> None:
+    """Every timed call: its contestant, round and tokens/s, one JSON object per line."""
+    with open(path, "w") as out:
+        for slot, values in rates.items():
+            for round_index, value in enumerate(values):
+                out.write(
+                    json.dumps({**slot._asdict(), "round": round_index, "tokens_per_s": value})
+                )
+                out.write("\n")
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -184,55 +225,66 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
-def _x(numerator: float, denominator: float) -> str:
-    return f"{numerator / denominator:.2f}x"
+def _x(ratio: float) -> str:
+    return f"{ratio:.2f}x"
 
 
-def _rates(
-    medians: Medians, temperature: float, batch: int, section: str = "main"
-) -> dict[str, float]:
-    """Median tokens/s of the contestants of one section, temperature and batch size, by name."""
-    return {
-        slot.name: value
-        for slot, value in medians.items()
-        if (slot.section, slot.temperature, slot.batch) == (section, temperature, batch)
-    }
+class Cells:
+    """The rates of one section, temperature and batch size, by contestant name."""
+
+    def __init__(self, rates: Rates, temperature: float, batch: int, section: str = "main") -> None:
+        self.rounds = {
+            slot.name: values
+            for slot, values in rates.items()
+            if (slot.section, slot.temperature, slot.batch) == (section, temperature, batch)
+        }
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.rounds)
+
+    def rate(self, name: str) -> float:
+        """Median tokens/s of ``name``."""
+        return statistics.median(self.rounds[name])
+
+    def ratio(self, name: str, base: str, other: Cells | None = None) -> float:
+        """Median over the rounds of ``name``'s tokens/s over ``base``'s (``base`` read
+        from ``other`` when given)."""
+        bases = (self if other is None else other).rounds[base]
+        return statistics.median(a / b for a, b in zip(self.rounds[name], bases, strict=True))
 
 
-def _batch_one(medians: Medians, temperature: float, k: int) -> list[str]:
+def _batch_one(rates: Rates, temperature: float, k: int) -> list[str]:
     """Every contestant at batch size 1, then the headline ratios."""
-    rate = _rates(medians, temperature, 1)
-    base = rate[HF_TARGET]
+    cells = Cells(rates, temperature, 1)
     lines = _table(
         ["contestant (batch 1)", "tokens/s", "/ hf target"],
-        [[name, f"{value:.1f}", _x(value, base)] for name, value in rate.items()],
+        [[name, f"{cells.rate(name):.1f}", _x(cells.ratio(name, HF_TARGET))] for name in cells],
     )
-    assisted = max((HF_ASSISTED, hf_assisted_k(k)), key=rate.__getitem__)
+    assisted = max((HF_ASSISTED, hf_assisted_k(k)), key=cells.rate)
     headlines = [
         (f"{ours(True, 'model')} / best hf assisted ({assisted})", ours(True, "model"), assisted),
         (f"{ours(True, 'n-gram')} / {HF_LOOKUP}", ours(True, "n-gram"), HF_LOOKUP),
         (f"{OURS_TARGET} / {HF_TARGET}", OURS_TARGET, HF_TARGET),
     ]
-    rows = [[label, f"**{_x(rate[a], rate[b])}**"] for label, a, b in headlines]
+    rows = [[label, f"**{_x(cells.ratio(a, b))}**"] for label, a, b in headlines]
     return [*lines, "", *_table(["headline (batch 1)", "ratio"], rows)]
 
 
-def _by_batch(medians: Medians, temperature: float, batches: list[int]) -> list[str]:
+def _by_batch(rates: Rates, temperature: float, batches: list[int]) -> list[str]:
     """Ours at every batch size: adaptive against target-only and against fixed k."""
     rows = []
     for batch in batches:
-        rate = _rates(medians, temperature, batch)
+        cells = Cells(rates, temperature, batch)
         for drafts in DRAFTS:
-            adaptive, fixed = rate[ours(True, drafts)], rate[ours(False, drafts)]
-            target = rate[OURS_TARGET]
+            adaptive, fixed = ours(True, drafts), ours(False, drafts)
             rows.append(
                 [
                     str(batch),
                     drafts,
-                    _x(adaptive, target),
-                    _x(adaptive, fixed),
-                    _x(fixed, target),
-                    f"{adaptive:.1f}",
+                    _x(cells.ratio(adaptive, OURS_TARGET)),
+                    _x(cells.ratio(adaptive, fixed)),
+                    _x(cells.ratio(fixed, OURS_TARGET)),
+                    f"{cells.rate(adaptive):.1f}",
                 ]
             )
     header = [
@@ -246,16 +298,16 @@ def _by_batch(medians: Medians, temperature: float, batches: list[int]) -> list[
     return _table(header, rows)
 
 
-def _queue(medians: Medians, batch: int) -> list[str]:
+def _queue(rates: Rates, batch: int) -> list[str]:
     """Ours on the queue at batch size 1 and ``batch``."""
-    single, full = _rates(medians, 0.0, 1, "queue"), _rates(medians, 0.0, batch, "queue")
+    single, full = Cells(rates, 0.0, 1, "queue"), Cells(rates, 0.0, batch, "queue")
     rows = [
         [
             name,
-            f"{single[name]:.1f}",
-            f"{full[name]:.1f}",
-            _x(full[name], single[name]),
-            _x(full[name], full[OURS_TARGET]),
+            f"{single.rate(name):.1f}",
+            f"{full.rate(name):.1f}",
+            _x(full.ratio(name, name, single)),
+            _x(full.ratio(name, OURS_TARGET)),
         ]
         for name in _queue_names()
     ]
@@ -269,19 +321,19 @@ def _queue(medians: Medians, batch: int) -> list[str]:
     return _table(header, rows)
 
 
-def _report(medians: Medians, args: argparse.Namespace) -> list[str]:
+def _report(rates: Rates, args: argparse.Namespace) -> list[str]:
     lines = []
     for temperature in args.temperatures:
-        lines += [f"### Temperature {temperature:g}", "", *_batch_one(medians, temperature, args.k)]
-        lines += ["", *_by_batch(medians, temperature, args.batch_sizes), ""]
+        lines += [f"### Temperature {temperature:g}", "", *_batch_one(rates, temperature, args.k)]
+        lines += ["", *_by_batch(rates, temperature, args.batch_sizes), ""]
     if args.queue:
         batch = args.batch_sizes[-1]
         lines += [f"### Queue: {args.queue} prompts, temperature 0", ""]
-        lines += [*_queue(medians, batch), ""]
+        lines += [*_queue(rates, batch), ""]
     return lines
 
 
-def _plot(medians: Medians, args: argparse.Namespace) -> None:
+def _plot(rates: Rates, args: argparse.Namespace) -> None:
     """Batch-1 tokens/s of every contestant, and ours at every batch size, per temperature."""
     import matplotlib
 
@@ -293,20 +345,22 @@ def _plot(medians: Medians, args: argparse.Namespace) -> None:
         2, len(temperatures), figsize=(6.5 * len(temperatures), 9), squeeze=False
     )
     for column, temperature in enumerate(temperatures):
-        single = _rates(medians, temperature, 1)
+        single = Cells(rates, temperature, 1)
         top = axes[0][column]
-        colours = ["tab:gray" if n.startswith("hf") else "tab:orange" for n in single]
-        bars = top.bar(range(len(single)), list(single.values()), color=colours)
+        contestants = list(single)
+        colours = ["tab:gray" if n.startswith("hf") else "tab:orange" for n in contestants]
+        values = [single.rate(name) for name in contestants]
+        bars = top.bar(range(len(values)), values, color=colours)
         top.bar_label(bars, fmt="%.0f", fontsize=8)
-        top.set_xticks(range(len(single)), list(single), rotation=35, ha="right", fontsize=8)
+        top.set_xticks(range(len(values)), contestants, rotation=35, ha="right", fontsize=8)
         top.set_title(f"batch 1, temperature {temperature:g}")
         top.set_ylabel("tokens/s")
         bottom = axes[1][column]
         names = [OURS_TARGET, *(ours(a, d) for d in DRAFTS for a in (False, True))]
         width = 0.8 / len(args.batch_sizes)
         for i, batch in enumerate(args.batch_sizes):
-            rate = _rates(medians, temperature, batch)
-            values = [rate[name] for name in names]
+            cells = Cells(rates, temperature, batch)
+            values = [cells.rate(name) for name in names]
             places = [j + (i - (len(args.batch_sizes) - 1) / 2) * width for j in range(len(names))]
             bottom.bar(places, values, width, label=f"batch {batch}")
         bottom.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
@@ -340,12 +394,15 @@ def main(argv: list[str] | None = None) -> int:
         f"torch {torch.__version__}, transformers {transformers.__version__}\n",
         flush=True,
     )
-    medians, share = _measure(_contestants(args, target, draft, tokenizer), args)
+    rates, share = _measure(_contestants(args, target, draft, tokenizer), args)
     others = "unknown" if share is None else f"{share:.0%}"
     print(f"Other processes used {others} of the CPUs during the timed rounds.\n")
-    print("\n".join(_report(medians, args)))
+    print("\n".join(_report(rates, args)))
+    if args.raw is not None:
+        _write_raw(rates, args.raw)
+        print(f"every timed call written to {args.raw}")
     if not args.no_plot:
-        _plot(medians, args)
+        _plot(rates, args)
         print(f"plot saved to {args.plot}")
     return 0
 
