@@ -14,6 +14,7 @@ from specsample.generate.policy import (
     AcceptanceTracker,
     CostModel,
     DraftLengthPolicy,
+    History,
 )
 
 
@@ -58,10 +59,25 @@ def test_estimates_leave_the_prior_once_observations_outweigh_it() -> None:
     assert tracker.rates[0][0] > 0.9
 
 
+def test_trackers_sharing_a_history_start_from_what_earlier_ones_saw() -> None:
+    """A tracker's first drafts update the shared counts, and a later tracker's sequences
+    start from them, not from the prior; the prior still counts, so the rate stays above 0."""
+    shared = History()
+    earlier = AcceptanceTracker(2, 2, shared)
+    for _ in range(30):
+        earlier.update([2, 2], [0, 0])
+    assert shared.seen > 2 * PRIOR_WEIGHT
+    later = DraftLengthPolicy(k_max=2, batch=3, history=shared).acceptance
+    assert later.history == shared.rate < PRIOR_ACCEPTANCE / 4
+    assert later.rates == [[shared.rate] * 2] * 3
+    assert shared.rate > 0.0
+    assert AcceptanceTracker(1, 2).history == PRIOR_ACCEPTANCE
+
+
 def test_expected_tokens_is_one_plus_the_products() -> None:
     tracker = AcceptanceTracker(1, 2)
     tracker.accepted = tracker.reached = [[PRIOR_WEIGHT, PRIOR_WEIGHT]]
-    tracker.history_hits, tracker.history_seen = -PRIOR_WEIGHT * PRIOR_ACCEPTANCE, 0.0
+    tracker.first.hits, tracker.first.seen = -PRIOR_WEIGHT * PRIOR_ACCEPTANCE, 0.0
     assert tracker.rates[0] == pytest.approx([0.5, 0.75])
     assert tracker.expected_tokens() == pytest.approx([1.0, 1.5, 1.5 + 0.5 * 0.75])
 
@@ -234,9 +250,10 @@ def test_a_later_run_starts_from_the_timings_of_earlier_ones() -> None:
 
 
 def test_runs_with_the_same_models_share_their_timings() -> None:
+    """And the acceptance of their first drafts, apart for greedy and sampled runs."""
     transformers = pytest.importorskip("transformers")
     from specsample.generate import NGramDrafter, speculative_generate
-    from specsample.generate.policy import _REMEMBERED
+    from specsample.generate.policy import _HISTORIES, _REMEMBERED
 
     config = transformers.LlamaConfig(
         vocab_size=40,
@@ -252,6 +269,14 @@ def test_runs_with_the_same_models_share_their_timings() -> None:
     (costs,) = _REMEMBERED[target].values()
     tried = set(costs.tried)
     assert tried
+    (history,) = _HISTORIES[target].values()
+    seen = history.seen
+    assert seen > 0
     speculative_generate(target, prompts, NGramDrafter(), k=2, max_new_tokens=6)
     assert list(_REMEMBERED[target].values()) == [costs]
     assert costs.tried >= tried
+    assert list(_HISTORIES[target].values()) == [history]
+    assert history.seen > seen
+    speculative_generate(target, prompts, NGramDrafter(), k=2, max_new_tokens=6, temperature=1.0)
+    assert list(_REMEMBERED[target].values()) == [costs]
+    assert len(_HISTORIES[target]) == 2

@@ -21,7 +21,7 @@ import torch
 from specsample import backends, pipeline
 from specsample.generate.drafters import Drafter, ModelDrafter
 from specsample.generate.hf import CachedLM
-from specsample.generate.policy import CostModel, DraftLengthPolicy, remembered_costs
+from specsample.generate.policy import DraftLengthPolicy, remembered_costs, remembered_history
 from specsample.generate.state import DecodeState, Prefill, SamplingState
 from specsample.generate.stats import GenerationStats
 from specsample.generate.tree import TreeLayout, TreeShape
@@ -123,14 +123,19 @@ def _typical(
     return out.token_ids, out.num_accepted + 1
 
 
-def _costs(run: Run) -> CostModel:
-    """The step timings that earlier runs with the same models, drafter and threads measured."""
+def _policy(run: Run) -> DraftLengthPolicy:
+    """A draft-length policy that starts from what earlier runs in this process saw: the
+    step timings of runs with the same models, drafter and threads, and the acceptance of
+    first drafts of those that also drew the same way (greedy, or not)."""
     drafter = run.drafter
     if isinstance(drafter, ModelDrafter):
         source: object = (id(drafter.lm.model), drafter.lm.runs)
     else:
         source = type(drafter).__name__
-    return remembered_costs(run.lm.model, (source, run.lm.runs, torch.get_num_threads()))
+    model = run.lm.model
+    cost = remembered_costs(model, (source, run.lm.runs, torch.get_num_threads()))
+    history = remembered_history(model, (source, run.sampling.all_greedy))
+    return DraftLengthPolicy(run.k, 0, cost, history)
 
 
 def _stream(
@@ -164,7 +169,7 @@ class _Batch:
         self.rows: list[int] = []
         self.room: list[int] = []
         self.sampling = run.sampling.rows([])
-        self.policy = DraftLengthPolicy(run.k, 0, _costs(run)) if run.adaptive else None
+        self.policy = _policy(run) if run.adaptive else None
         self.counts = torch.zeros(run.k + 1, dtype=torch.int64, device=device)
         self.offered = [0] * run.k
         self.method = run.method if run.k else "chain"

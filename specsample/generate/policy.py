@@ -8,7 +8,9 @@ sequence keeps, and a draft can only add accepted tokens, so the one decision pe
 ``m`` that maximises the expected tokens of the step over its expected time:
 
 * **acceptance** (:class:`AcceptanceTracker`): per sequence and draft position ``j``, an
-  estimate from decayed counts of ``a_j = P(draft j accepted | drafts before it accepted)``;
+  estimate from decayed counts of ``a_j = P(draft j accepted | drafts before it accepted)``,
+  drawn towards the acceptance of first drafts over every sequence (:class:`History`,
+  shared by the runs of a process with the same models and drafter, greedy or sampled);
   a sequence drafting ``m`` tokens then emits ``1 + sum_{i <= m} prod_{j <= i} a_j`` in
   expectation, no more than its remaining budget allows, and just one when its drafter
   found nothing to propose this step (a prompt-lookup drafter tells before the length is
@@ -36,7 +38,7 @@ import itertools
 import math
 import weakref
 from collections import Counter, deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 PRIOR_ACCEPTANCE = 0.7
@@ -47,13 +49,13 @@ DECAY = 0.9
 """Weight of the past in the acceptance counts (per observation)."""
 
 PRIOR_WEIGHT = 4.0
-"""How many observations a prior counts for in an acceptance estimate (a sequence's, and the
-run-wide one): a sequence's first rejections are partly luck, and a policy that believed
+"""How many observations a prior counts for in an acceptance estimate (a sequence's, and
+that of :class:`History`): a sequence's first rejections are partly luck, and a policy that believed
 them at once would stop drafting for a sequence whose drafts are accepted as often as any
 other's."""
 
 HISTORY_DECAY = 0.95
-"""Weight of the past in the run-wide counts at the first position (per observation)."""
+"""Weight of the past in the counts of :class:`History` (per observation)."""
 
 TIMINGS_KEPT = 3
 """How many recent timings of each width (or batch size) a cost estimate is the fastest of:
@@ -90,6 +92,41 @@ drafts that barely pay for themselves cost more than they seem to (the estimates
 are fastest-case timings, and a step that drafts varies more)."""
 
 
+class History:
+    """How often first drafts were accepted, over every sequence: decayed counts (each past
+    observation weighs :data:`HISTORY_DECAY` times the next one).
+
+    Its :attr:`rate` is the prior of a sequence's first position; the runs of a process
+    with the same models and drafter share one (:func:`remembered_history`), so a run
+    starts from what the drafts of earlier runs showed rather than from
+    :data:`PRIOR_ACCEPTANCE` (which the counts never forget: it weighs
+    :data:`PRIOR_WEIGHT` observations, so a few good drafts can lift a low rate again).
+
+    Examples
+    --------
+    >>> h = History()
+    >>> h.rate == PRIOR_ACCEPTANCE
+    True
+    >>> for _ in range(40): h.observe(False)
+    >>> round(h.rate, 3)
+    0.131
+    """
+
+    def __init__(self) -> None:
+        self.hits = self.seen = 0.0
+
+    @property
+    def rate(self) -> float:
+        """The acceptance estimate of a first draft."""
+        prior = PRIOR_WEIGHT * PRIOR_ACCEPTANCE
+        return (self.hits + prior) / (self.seen + PRIOR_WEIGHT)
+
+    def observe(self, accepted: bool) -> None:
+        """Count a first draft, ``accepted`` or not."""
+        self.hits = HISTORY_DECAY * self.hits + float(accepted)
+        self.seen = HISTORY_DECAY * self.seen + 1.0
+
+
 class AcceptanceTracker:
     """Per-sequence, per-position acceptance estimates ``a [batch][k_max]`` (host floats).
 
@@ -97,9 +134,9 @@ class AcceptanceTracker:
     reached and of the times its draft was accepted (each past observation weighs
     :data:`DECAY` times the next one). Its estimate is ``(accepted + w * prior) / (reached +
     w)`` with ``w`` = :data:`PRIOR_WEIGHT`: a handful of observations move it away from the
-    prior, many make the prior negligible. The prior of the first position is the run-wide
-    estimate there (:attr:`history`: decayed counts over every sequence, starting from
-    :data:`PRIOR_ACCEPTANCE`); that of a later position is the sequence's own estimate at
+    prior, many make the prior negligible. The prior of the first position is the estimate
+    there over every sequence (:attr:`history`, the rate of a :class:`History`); that of a
+    later position is the sequence's own estimate at
     the position before, so a position seldom reached is taken for neither better nor worse
     than the one that guards it (a fixed prior there would keep a policy that stopped
     drafting that deep from ever finding out that it pays). With a costless drafter, each
@@ -111,6 +148,8 @@ class AcceptanceTracker:
         Sequences tracked.
     k_max : int
         Draft positions tracked.
+    history : History, optional
+        The counts of first drafts to read and update (default: new ones).
 
     Examples
     --------
@@ -122,19 +161,17 @@ class AcceptanceTracker:
     [0.56, 0.56]
     """
 
-    def __init__(self, batch: int, k_max: int) -> None:
+    def __init__(self, batch: int, k_max: int, history: History | None = None) -> None:
         self.k_max = k_max
-        self.history_hits = self.history_seen = 0.0
+        self.first = History() if history is None else history
         self.accepted = [[0.0] * k_max for _ in range(batch)]
         self.reached = [[0.0] * k_max for _ in range(batch)]
         self.found = [1.0] * batch
 
     @property
     def history(self) -> float:
-        """Run-wide acceptance at the first position, from decayed counts over every
-        sequence (:data:`PRIOR_ACCEPTANCE` counting for :data:`PRIOR_WEIGHT` observations)."""
-        prior = PRIOR_WEIGHT * PRIOR_ACCEPTANCE
-        return (self.history_hits + prior) / (self.history_seen + PRIOR_WEIGHT)
+        """Acceptance at the first position over every sequence (:attr:`first`'s rate)."""
+        return self.first.rate
 
     @property
     def rates(self) -> list[list[float]]:
@@ -161,8 +198,7 @@ class AcceptanceTracker:
                 hits[j] = DECAY * hits[j] + seen
                 reached[j] = DECAY * reached[j] + 1.0
                 if not j:
-                    self.history_hits = HISTORY_DECAY * self.history_hits + seen
-                    self.history_seen = HISTORY_DECAY * self.history_seen + 1.0
+                    self.first.observe(j < kept)
 
     def observe_drafting(self, drafting: Sequence[bool]) -> None:
         """Record which sequences found drafts to propose this step (a costless drafter's
@@ -299,6 +335,22 @@ class CostModel:
 
 
 _REMEMBERED: weakref.WeakKeyDictionary[Any, dict[Hashable, CostModel]] = weakref.WeakKeyDictionary()
+_HISTORIES: weakref.WeakKeyDictionary[Any, dict[Hashable, History]] = weakref.WeakKeyDictionary()
+
+
+def _remembered(
+    table: weakref.WeakKeyDictionary[Any, dict[Hashable, Any]],
+    target: Any,
+    key: Hashable,
+    new: Callable[[], Any],
+) -> Any:
+    """``table[target][key]``, made by ``new()`` the first time (and every time where
+    ``target`` cannot be held weakly)."""
+    try:
+        entries = table.setdefault(target, {})
+    except TypeError:
+        return new()
+    return entries.setdefault(key, new())
 
 
 def remembered_costs(target: Any, key: Hashable) -> CostModel:
@@ -324,15 +376,42 @@ def remembered_costs(target: Any, key: Hashable) -> CostModel:
     >>> remembered_costs(model, "ngram") is remembered_costs(model, "draft")
     False
     """
-    try:
-        table = _REMEMBERED.setdefault(target, {})
-    except TypeError:
-        return CostModel()
-    return table.setdefault(key, CostModel())
+    cost: CostModel = _remembered(_REMEMBERED, target, key, CostModel)
+    return cost
+
+
+def remembered_history(target: Any, key: Hashable) -> History:
+    """The :class:`History` that runs with the same ``target`` model and ``key`` share.
+
+    How often first drafts pass depends on the models, the drafter and how the target's
+    tokens are drawn (greedy drafts from prompt lookup pass far more often than sampled
+    ones), so ``key`` names those; a run then starts from what earlier runs showed, and
+    sequences whose drafts seldom pass do not each pay a few drafting steps to show it
+    again.
+
+    Parameters
+    ----------
+    target : object
+        The target model (held weakly).
+    key : hashable
+        What else acceptance depends on (the drafter, greedy or sampled).
+
+    Examples
+    --------
+    >>> class Model: ...
+    >>> model = Model()
+    >>> remembered_history(model, ("ngram", True)) is remembered_history(model, ("ngram", True))
+    True
+    >>> remembered_history(model, ("ngram", True)) is remembered_history(model, ("ngram", False))
+    False
+    """
+    history: History = _remembered(_HISTORIES, target, key, History)
+    return history
 
 
 def forget_costs() -> None:
-    """Drop every timing :func:`remembered_costs` holds: the next runs measure afresh.
+    """Drop every timing :func:`remembered_costs` holds, and every :func:`remembered_history`:
+    the next runs measure afresh.
 
     Examples
     --------
@@ -344,6 +423,7 @@ def forget_costs() -> None:
     False
     """
     _REMEMBERED.clear()
+    _HISTORIES.clear()
 
 
 def _interpolate(table: dict[int, float], x: int) -> float:
@@ -386,13 +466,21 @@ class DraftLengthPolicy:
         Sequences at the start (more join with :meth:`AcceptanceTracker.add`).
     cost : CostModel, optional
         The timings to start from (default: none).
+    history : History, optional
+        The acceptance of first drafts to start from (default: none seen).
     """
 
-    def __init__(self, k_max: int, batch: int, cost: CostModel | None = None) -> None:
+    def __init__(
+        self,
+        k_max: int,
+        batch: int,
+        cost: CostModel | None = None,
+        history: History | None = None,
+    ) -> None:
         if k_max < 0:
             raise ValueError(f"k_max must be >= 0, got {k_max}")
         self.k_max = k_max
-        self.acceptance = AcceptanceTracker(batch, k_max)
+        self.acceptance = AcceptanceTracker(batch, k_max, history)
         self.cost = CostModel() if cost is None else cost
         self.order = [k_max, 0, *range(k_max - 1, 0, -1)] if k_max else []
         self.shorter = 0
