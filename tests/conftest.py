@@ -52,10 +52,10 @@ def one_thread() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
-def fresh_step_timings() -> Iterator[None]:
-    """Each test starts with no step timings remembered, as a fresh process does, so that
-    the draft lengths a test's runs choose never depend on what earlier tests measured."""
-    from specsample.generate.policy import forget_costs
+def fresh_policy_memory() -> Iterator[None]:
+    """Each test starts with no step timings or acceptance remembered, as a fresh process
+    does, so that the draft lengths a test's runs choose never depend on earlier tests."""
+    from specsample.generate.policy import forget_remembered
 
-    forget_costs()
+    forget_remembered()
     yield

@@ -39,7 +39,7 @@ import math
 import weakref
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 PRIOR_ACCEPTANCE = 0.7
 """Acceptance assumed at the first position before anything was observed there (a later
@@ -194,11 +194,11 @@ class AcceptanceTracker:
         rows = zip(self.accepted, self.reached, offered, accepted, strict=True)
         for hits, reached, n, kept in rows:
             for j in range(min(n, kept + 1)):
-                seen = 1.0 if j < kept else 0.0
-                hits[j] = DECAY * hits[j] + seen
+                passed = j < kept
+                hits[j] = DECAY * hits[j] + float(passed)
                 reached[j] = DECAY * reached[j] + 1.0
                 if not j:
-                    self.first.observe(j < kept)
+                    self.first.observe(passed)
 
     def observe_drafting(self, drafting: Sequence[bool]) -> None:
         """Record which sequences found drafts to propose this step (a costless drafter's
@@ -334,23 +334,27 @@ class CostModel:
         return _interpolate(self.draft, batch) if self.draft else 0.0
 
 
+T = TypeVar("T")
+
 _REMEMBERED: weakref.WeakKeyDictionary[Any, dict[Hashable, CostModel]] = weakref.WeakKeyDictionary()
 _HISTORIES: weakref.WeakKeyDictionary[Any, dict[Hashable, History]] = weakref.WeakKeyDictionary()
 
 
 def _remembered(
-    table: weakref.WeakKeyDictionary[Any, dict[Hashable, Any]],
+    table: weakref.WeakKeyDictionary[Any, dict[Hashable, T]],
     target: Any,
     key: Hashable,
-    new: Callable[[], Any],
-) -> Any:
+    new: Callable[[], T],
+) -> T:
     """``table[target][key]``, made by ``new()`` the first time (and every time where
     ``target`` cannot be held weakly)."""
     try:
         entries = table.setdefault(target, {})
     except TypeError:
         return new()
-    return entries.setdefault(key, new())
+    if key not in entries:
+        entries[key] = new()
+    return entries[key]
 
 
 def remembered_costs(target: Any, key: Hashable) -> CostModel:
@@ -376,8 +380,7 @@ def remembered_costs(target: Any, key: Hashable) -> CostModel:
     >>> remembered_costs(model, "ngram") is remembered_costs(model, "draft")
     False
     """
-    cost: CostModel = _remembered(_REMEMBERED, target, key, CostModel)
-    return cost
+    return _remembered(_REMEMBERED, target, key, CostModel)
 
 
 def remembered_history(target: Any, key: Hashable) -> History:
@@ -405,20 +408,19 @@ def remembered_history(target: Any, key: Hashable) -> History:
     >>> remembered_history(model, ("ngram", True)) is remembered_history(model, ("ngram", False))
     False
     """
-    history: History = _remembered(_HISTORIES, target, key, History)
-    return history
+    return _remembered(_HISTORIES, target, key, History)
 
 
-def forget_costs() -> None:
+def forget_remembered() -> None:
     """Drop every timing :func:`remembered_costs` holds, and every :func:`remembered_history`:
-    the next runs measure afresh.
+    the next runs measure and learn afresh.
 
     Examples
     --------
     >>> class Model: ...
     >>> model = Model()
     >>> before = remembered_costs(model, "ngram")
-    >>> forget_costs()
+    >>> forget_remembered()
     >>> remembered_costs(model, "ngram") is before
     False
     """
