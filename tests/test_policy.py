@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from specsample.generate.policy import (
+    DRAFT_MARGIN,
     EXPLORE_EVERY,
     FRESH_FOR,
+    MARGIN,
     PRIOR_ACCEPTANCE,
     PRIOR_WEIGHT,
     TIMINGS_KEPT,
@@ -199,6 +201,32 @@ def test_explorations_grow_rarer_while_drafting_does_not_pay() -> None:
     assert explored == [(first, 1), (second, 1), (second + 4 * EXPLORE_EVERY + 1, 1)]
 
 
+def test_runs_sharing_a_history_continue_its_exploration_schedule() -> None:
+    """A later run with the same History and timings waits as long as the schedule had
+    grown to, counting the shorter steps the earlier run left, rather than exploring after
+    EXPLORE_EVERY steps again; a fresh History starts over."""
+    shared, cost = History(), _timed((1, 3, 0.05), (1, 3, 0.05), (1, 1, 0.01), (1, 1, 0.01))
+    for _ in range(TIMINGS_TO_TRUST):
+        cost.observe_target(1, 2, 0.03)
+    cost.observe_draft(1, 0.01)
+
+    def explorations(history: History, steps: int) -> list[int]:
+        policy = DraftLengthPolicy(k_max=2, batch=1, cost=cost, history=history)
+        explored = []
+        for step in range(steps):
+            m = policy.choose()
+            policy.record(m, [0], target_seconds=0.05 if m else 0.01, draft_seconds=0.01 * m)
+            if m:
+                explored.append(step)
+        return explored
+
+    assert explorations(shared, 3 * EXPLORE_EVERY) == [EXPLORE_EVERY]
+    left = 2 * EXPLORE_EVERY - (3 * EXPLORE_EVERY - EXPLORE_EVERY - 1)
+    assert shared.explore_after == 2 * EXPLORE_EVERY and shared.shorter == 2 * EXPLORE_EVERY - 1
+    assert explorations(shared, 3 * EXPLORE_EVERY) == [left]
+    assert explorations(History(), 3 * EXPLORE_EVERY) == [EXPLORE_EVERY]
+
+
 def test_a_plain_step_needs_no_margin_a_shorter_draft_does() -> None:
     """Drafts that never pay lose to a plain step even when they cost only a little more;
     a length between 0 and k_max must beat k_max by MARGIN."""
@@ -215,6 +243,35 @@ def test_a_plain_step_needs_no_margin_a_shorter_draft_does() -> None:
         policy.record(0, [0], target_seconds=0.0100, draft_seconds=0.0)
         policy.record(1, [1], target_seconds=0.0075, draft_seconds=0.0)
     assert policy.choose() == 2
+
+
+def _with_first_rate(rate: float, k_max: int, *widths: float) -> DraftLengthPolicy:
+    """A policy of one sequence whose drafts pass at ``rate``, with the target's side of a
+    step timed at ``widths[m]`` seconds for ``m`` drafts (drafting itself costless)."""
+    history = History()
+    history.seen = 1000.0
+    history.hits = rate * (history.seen + PRIOR_WEIGHT) - PRIOR_WEIGHT * PRIOR_ACCEPTANCE
+    policy = DraftLengthPolicy(k_max=k_max, batch=1, history=history)
+    for m, seconds in enumerate(widths):
+        for _ in range(TIMINGS_TO_TRUST):
+            policy.cost.observe_target(1, m + 1, seconds)
+    assert policy.acceptance.rates[0][0] == pytest.approx(rate)
+    return policy
+
+
+def test_drafting_must_beat_a_plain_step_by_a_margin() -> None:
+    """A step that drafts at the cost of a plain one is chosen only when it is expected to
+    emit DRAFT_MARGIN more; k_max within MARGIN of the best length is not chosen when it
+    would not beat a plain step by DRAFT_MARGIN itself."""
+    assert _with_first_rate(DRAFT_MARGIN / 2, 1, 0.010, 0.010).choose() == 0
+    assert _with_first_rate(2 * DRAFT_MARGIN, 1, 0.010, 0.010).choose() == 1
+    policy = _with_first_rate(2 * DRAFT_MARGIN, 2, 0.010, 0.010, 0.0107)
+    rates = [
+        tokens / policy.cost.target_time(1, m + 1)
+        for m, tokens in enumerate(policy.acceptance.expected_tokens())
+    ]
+    assert rates[1] <= (1 + MARGIN) * rates[2] and rates[2] < rates[0]
+    assert policy.choose() == 1
 
 
 def test_policy_refuses_a_negative_maximum() -> None:

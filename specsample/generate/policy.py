@@ -87,20 +87,31 @@ EXPLORE_AT_MOST = 256
 MARGIN = 0.1
 """A draft length between 0 and ``k_max`` is chosen over ``k_max`` only if it is expected to be
 this much faster (noisy timings and acceptance averages would otherwise make it drift away
-from ``k_max``); a plain step is chosen whenever it is expected to be faster at all, since
-drafts that barely pay for themselves cost more than they seem to (the estimates of both
-are fastest-case timings, and a step that drafts varies more)."""
+from ``k_max``); a plain step is chosen whenever it is expected to be faster at all."""
+
+DRAFT_MARGIN = 0.03
+"""A step that drafts is chosen over a plain step only if it is expected to be this much
+faster: drafts that barely pay for themselves cost more than they seem to. Both estimates
+are fastest-case timings, and a step that drafts varies more; its widths are timed less
+often than the plain step where drafts seldom pay, so their fastest timings may come from
+a spell when the whole machine ran faster; and the acceptance of a sequence with few
+drafts observed leans on its prior."""
 
 
 class History:
-    """How often first drafts were accepted, over every sequence: decayed counts (each past
-    observation weighs :data:`HISTORY_DECAY` times the next one).
+    """How drafts have fared over every sequence: decayed counts of first drafts accepted
+    (each past observation weighs :data:`HISTORY_DECAY` times the next one), and when to
+    explore a longer draft next.
 
     Its :attr:`rate` is the prior of a sequence's first position; the runs of a process
     with the same models and drafter share one (:func:`remembered_history`), so a run
     starts from what the drafts of earlier runs showed rather than from
     :data:`PRIOR_ACCEPTANCE` (which the counts never forget: it weighs
     :data:`PRIOR_WEIGHT` observations, so a few good drafts can lift a low rate again).
+    The exploration schedule of :class:`DraftLengthPolicy` lives here too
+    (:attr:`shorter`, :attr:`explore_after`): where drafts do not pay, the interval
+    between explorations keeps growing from one run to the next, instead of every run
+    paying its first few explorations again.
 
     Examples
     --------
@@ -114,6 +125,10 @@ class History:
 
     def __init__(self) -> None:
         self.hits = self.seen = 0.0
+        self.shorter = 0
+        """Steps in a row shorter than ``k_max`` since the last exploration."""
+        self.explore_after = EXPLORE_EVERY
+        """How many such steps the next exploration waits for."""
 
     @property
     def rate(self) -> float:
@@ -273,31 +288,27 @@ class CostModel:
         self.draft: dict[int, float] = {}
         self._target: dict[tuple[int, int], deque[tuple[int, float]]] = {}
         self._draft: dict[int, deque[tuple[int, float]]] = {}
+        self._kept: Counter[tuple[int, int]] = Counter()
+        self._latest: dict[tuple[int, int], int] = {}
+        self.tried: set[tuple[int, int]] = set()
         self.steps = 0
-
-    @property
-    def tried(self) -> set[tuple[int, int]]:
-        """``(draft length, batch.bit_length())`` of the steps timed at least
-        :data:`TIMINGS_TO_TRUST` times."""
-        counts: Counter[tuple[int, int]] = Counter()
-        for (batch, width), recent in self._target.items():
-            counts[width - 1, batch.bit_length()] += len(recent)
-        return {key for key, count in counts.items() if count >= TIMINGS_TO_TRUST}
 
     def fresh(self, batch: int, width: int) -> bool:
         """Whether ``width`` slots were timed at about ``batch`` sequences (within a factor
         of two) in the last :data:`FRESH_FOR` steps."""
-        since, scale = self.steps - FRESH_FOR, batch.bit_length()
-        return any(
-            recent[-1][0] > since
-            for (timed, slots), recent in self._target.items()
-            if slots == width and timed.bit_length() == scale
-        )
+        latest = self._latest.get((width - 1, batch.bit_length()))
+        return latest is not None and latest > self.steps - FRESH_FOR
 
     def observe_target(self, batch: int, width: int, seconds: float) -> None:
         """The target's side of a step over ``width`` slots of ``batch`` sequences took
         ``seconds``."""
         self.steps += 1
+        length = (width - 1, batch.bit_length())
+        self._latest[length] = self.steps
+        if len(self._target.get((batch, width), ())) < TIMINGS_KEPT:
+            self._kept[length] += 1
+            if self._kept[length] >= TIMINGS_TO_TRUST:
+                self.tried.add(length)
         fastest = self._observe(self._target, (batch, width), seconds)
         self.target.setdefault(batch, {})[width] = fastest
 
@@ -469,7 +480,8 @@ class DraftLengthPolicy:
     cost : CostModel, optional
         The timings to start from (default: none).
     history : History, optional
-        The acceptance of first drafts to start from (default: none seen).
+        The acceptance of first drafts and the exploration schedule to start from and
+        keep up to date (default: none seen).
     """
 
     def __init__(
@@ -485,8 +497,6 @@ class DraftLengthPolicy:
         self.acceptance = AcceptanceTracker(batch, k_max, history)
         self.cost = CostModel() if cost is None else cost
         self.order = [k_max, 0, *range(k_max - 1, 0, -1)] if k_max else []
-        self.shorter = 0
-        self.explore_after = EXPLORE_EVERY
         self.exploring: int | None = None
 
     def choose(
@@ -495,10 +505,12 @@ class DraftLengthPolicy:
         """The draft length of the next step.
 
         A step tries a length not timed often enough yet at this scale (see the class
-        docstring); otherwise the best ratio of expected tokens to expected time (``k_max``
-        unless a plain step is better or another length :data:`MARGIN` better), and one
-        token more than that after :data:`EXPLORE_EVERY` shorter steps in a row (then after
-        twice as many, and so on, while drafting does not pay).
+        docstring); otherwise the best ratio of expected tokens to expected time: a plain
+        step unless a length beats it by :data:`DRAFT_MARGIN`, else ``k_max`` unless another
+        length is :data:`MARGIN` better (or ``k_max`` is not :data:`DRAFT_MARGIN` better than
+        a plain step); and one token more than that after :data:`EXPLORE_EVERY` shorter
+        steps in a row (then after twice as many, and so on, while drafting does not pay;
+        counted over the runs that share the policy's :class:`History`).
 
         Parameters
         ----------
@@ -534,14 +546,15 @@ class DraftLengthPolicy:
             self.exploring = min(untimed, top)
             return self.exploring
         best = self._best(limits, None if drafting is not None else self.acceptance.found)
+        schedule = self.acceptance.first
         if best == top:
-            self.explore_after, self.shorter = EXPLORE_EVERY, 0
-        elif self.shorter >= self.explore_after:
+            schedule.explore_after, schedule.shorter = EXPLORE_EVERY, 0
+        elif schedule.shorter >= schedule.explore_after:
             best = self.exploring = best + 1
-            self.explore_after = min(2 * self.explore_after, EXPLORE_AT_MOST)
-            self.shorter = 0
+            schedule.explore_after = min(2 * schedule.explore_after, EXPLORE_AT_MOST)
+            schedule.shorter = 0
         else:
-            self.shorter += 1
+            schedule.shorter += 1
         return best
 
     def refine(self, room: Sequence[int] | None, drafting: Sequence[bool]) -> int:
@@ -573,9 +586,8 @@ class DraftLengthPolicy:
         return [min(n, self.k_max) for n in limits]
 
     def _best(self, limits: Sequence[int], found: Sequence[float] | None = None) -> int:
-        """The length with the best expected rate: the longest useful one, ``max(limits)``,
-        unless a plain step is better or another length :data:`MARGIN` better; no side
-        effect. ``found``: see
+        """The length with the best expected rate (see :meth:`choose`), the longest useful one
+        being ``max(limits)``; no side effect. ``found``: see
         :meth:`AcceptanceTracker.expected_tokens`."""
         top = max(limits, default=0)
         if not top:
@@ -588,7 +600,10 @@ class DraftLengthPolicy:
             for m in range(top + 1)
         ]
         best = max(range(top + 1), key=rates.__getitem__)
-        return top if best and rates[best] <= (1.0 + MARGIN) * rates[top] else best
+        plain = (1.0 + DRAFT_MARGIN) * rates[0]
+        if rates[best] <= plain:
+            return 0
+        return top if rates[best] <= (1.0 + MARGIN) * rates[top] and rates[top] > plain else best
 
     def record(
         self,
