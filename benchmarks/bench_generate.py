@@ -40,8 +40,10 @@ calls of one round ran at most a group's length apart):
   contestants, named), ``ours adaptive (n-gram) / hf prompt lookup`` and
   ``ours target / hf target``;
 * ours by batch size, per drafter: ``adaptive / target`` and ``adaptive / fixed k`` (the
-  adaptive draft length should never be slower than either), ``fixed k / target``, and the
-  adaptive contestant's tokens/s;
+  adaptive draft length should never be slower than either), in how many rounds the
+  adaptive contestant was at least :data:`NOT_SLOWER` times target-only and at least as
+  fast as fixed ``k`` (a tie shows as about half the rounds either way), ``fixed k /
+  target``, and the adaptive contestant's tokens/s;
 * queue (``--queue`` prompts, temperature 0, ours only; ``--queue 0`` skips it): ours
   target and ours adaptive with either drafter, at batch size 1 and at the largest batch
   size, whose batch keeps refilling from the queue as sequences finish: tokens/s at both,
@@ -103,6 +105,8 @@ PROMPTS = (
     "    except KeyError:",
 )
 WARM_UP_TOKENS = 4
+NOT_SLOWER = 0.98
+"""The least ratio of adaptive to target-only tokens/s that counts as not slower."""
 Rates = dict[Slot, list[float]]
 """Tokens/s of every contestant, one value per round."""
 
@@ -257,8 +261,17 @@ class Cells:
     def ratio(self, name: str, base: str, other: Cells | None = None) -> float:
         """Median over the rounds of ``name``'s tokens/s over ``base``'s (``base`` read
         from ``other`` when given)."""
+        return statistics.median(self._ratios(name, base, other))
+
+    def rounds_at_least(self, name: str, base: str, floor: float) -> str:
+        """In how many rounds ``name``'s tokens/s were at least ``floor`` times ``base``'s,
+        as ``"hits/rounds"``."""
+        ratios = self._ratios(name, base)
+        return f"{sum(r >= floor for r in ratios)}/{len(ratios)}"
+
+    def _ratios(self, name: str, base: str, other: Cells | None = None) -> list[float]:
         bases = (self if other is None else other).rounds[base]
-        return statistics.median(a / b for a, b in zip(self.rounds[name], bases, strict=True))
+        return [a / b for a, b in zip(self.rounds[name], bases, strict=True)]
 
 
 def _batch_one(rates: Rates, temperature: float, k: int) -> list[str]:
@@ -294,6 +307,8 @@ def _by_batch(rates: Rates, temperature: float, batches: list[int]) -> list[str]
                     drafts,
                     _x(cells.ratio(adaptive, OURS_TARGET)),
                     _x(cells.ratio(adaptive, fixed)),
+                    cells.rounds_at_least(adaptive, OURS_TARGET, NOT_SLOWER),
+                    cells.rounds_at_least(adaptive, fixed, 1.0),
                     _x(cells.ratio(fixed, OURS_TARGET)),
                     f"{cells.rate(adaptive):.1f}",
                 ]
@@ -303,6 +318,8 @@ def _by_batch(rates: Rates, temperature: float, batches: list[int]) -> list[str]
         "drafts",
         "adaptive / target",
         "adaptive / fixed k",
+        f"rounds >= {NOT_SLOWER:.2f}x target",
+        "rounds >= 1.00x fixed k",
         "fixed k / target",
         "adaptive tokens/s",
     ]
