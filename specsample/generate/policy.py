@@ -109,9 +109,9 @@ class History:
     :data:`PRIOR_ACCEPTANCE` (which the counts never forget: it weighs
     :data:`PRIOR_WEIGHT` observations, so a few good drafts can lift a low rate again).
     The exploration schedule of :class:`DraftLengthPolicy` lives here too
-    (:attr:`shorter`, :attr:`explore_after`): where drafts do not pay, the interval
-    between explorations keeps growing from one run to the next, instead of every run
-    paying its first few explorations again.
+    (:meth:`explore_now`): where drafts do not pay, the interval between explorations keeps
+    growing from one run to the next, instead of every run paying its first few
+    explorations again.
 
     Examples
     --------
@@ -140,6 +140,32 @@ class History:
         """Count a first draft, ``accepted`` or not."""
         self.hits = HISTORY_DECAY * self.hits + float(accepted)
         self.seen = HISTORY_DECAY * self.seen + 1.0
+
+    def explore_now(self, longest: bool) -> bool:
+        """Count a step whose best length is ``longest`` (the longest useful one) or
+        shorter; whether this step should explore one token more instead.
+
+        A step of the longest length resets the schedule; after :attr:`explore_after`
+        shorter steps in a row one explores, and the next waits twice as long (up to
+        :data:`EXPLORE_AT_MOST`).
+
+        Examples
+        --------
+        >>> h = History()
+        >>> [h.explore_now(False) for _ in range(EXPLORE_EVERY + 1)][-2:]
+        [False, True]
+        >>> h.explore_after == 2 * EXPLORE_EVERY
+        True
+        """
+        if longest:
+            self.explore_after, self.shorter = EXPLORE_EVERY, 0
+            return False
+        if self.shorter >= self.explore_after:
+            self.explore_after = min(2 * self.explore_after, EXPLORE_AT_MOST)
+            self.shorter = 0
+            return True
+        self.shorter += 1
+        return False
 
 
 class AcceptanceTracker:
@@ -290,8 +316,13 @@ class CostModel:
         self._draft: dict[int, deque[tuple[int, float]]] = {}
         self._kept: Counter[tuple[int, int]] = Counter()
         self._latest: dict[tuple[int, int], int] = {}
-        self.tried: set[tuple[int, int]] = set()
         self.steps = 0
+
+    @property
+    def tried(self) -> set[tuple[int, int]]:
+        """``(draft length, batch.bit_length())`` of the steps timed at least
+        :data:`TIMINGS_TO_TRUST` times."""
+        return {length for length, kept in self._kept.items() if kept >= TIMINGS_TO_TRUST}
 
     def fresh(self, batch: int, width: int) -> bool:
         """Whether ``width`` slots were timed at about ``batch`` sequences (within a factor
@@ -307,8 +338,6 @@ class CostModel:
         self._latest[length] = self.steps
         if len(self._target.get((batch, width), ())) < TIMINGS_KEPT:
             self._kept[length] += 1
-            if self._kept[length] >= TIMINGS_TO_TRUST:
-                self.tried.add(length)
         fastest = self._observe(self._target, (batch, width), seconds)
         self.target.setdefault(batch, {})[width] = fastest
 
@@ -546,15 +575,8 @@ class DraftLengthPolicy:
             self.exploring = min(untimed, top)
             return self.exploring
         best = self._best(limits, None if drafting is not None else self.acceptance.found)
-        schedule = self.acceptance.first
-        if best == top:
-            schedule.explore_after, schedule.shorter = EXPLORE_EVERY, 0
-        elif schedule.shorter >= schedule.explore_after:
+        if self.acceptance.first.explore_now(best == top):
             best = self.exploring = best + 1
-            schedule.explore_after = min(2 * schedule.explore_after, EXPLORE_AT_MOST)
-            schedule.shorter = 0
-        else:
-            schedule.shorter += 1
         return best
 
     def refine(self, room: Sequence[int] | None, drafting: Sequence[bool]) -> int:
