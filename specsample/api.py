@@ -47,8 +47,8 @@ from specsample.metadata import BatchLayout, SamplingMetadata, Scalars
 from specsample.methods import chain_methods, check_method
 from specsample.probs import RowStats
 from specsample.random import STEP_STRIDE
-from specsample.rules.rows import unit_columns
 from specsample.seeding import check_position_values, positions_from, seeding_from
+from specsample.shared import unit_columns
 
 Ints = Sequence[int] | torch.Tensor
 Seeds = Sequence[int | None] | torch.Tensor

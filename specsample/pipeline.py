@@ -23,7 +23,7 @@ from specsample.checks import check_step_uniforms
 from specsample.metadata import BatchLayout, SamplingMetadata
 from specsample.probs import RowStats, sampling_stats
 from specsample.random import Seeding, step_uniforms
-from specsample.rules.chain import VerifyResult
+from specsample.shared import VerifyResult
 
 
 class Plan(NamedTuple):

@@ -32,8 +32,9 @@ from specsample import kernels
 from specsample.kernels.padded import kernel_block_masses
 from specsample.rules.block import block_verify, block_weights, residual_mass_per_position
 from specsample.rules.chain import chain_verify, gather_drafts
-from specsample.rules.residual import BLOCK, block_masses
-from specsample.rules.rows import ProbRows, Selection, flat_rows
+from specsample.rules.residual import block_masses
+from specsample.rules.rows import ProbRows, Selection
+from specsample.shared import BLOCK, flat_rows
 
 pytestmark = pytest.mark.skipif(
     not kernels.supports(torch.zeros(1)),

@@ -52,7 +52,8 @@ from specsample import kernels, verify
 from specsample.kernels import launch
 from specsample.probs import processed_probs
 from specsample.rules.block import block_verify
-from specsample.rules.chain import VerifyResult, chain_verify
+from specsample.rules.chain import chain_verify
+from specsample.shared import VerifyResult
 from specsample.testing import FAMILIES, Family, exactness_report, make_family
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None

@@ -22,7 +22,7 @@ import torch
 
 from specsample import kernels
 from specsample.backends import eager, triton
-from specsample.rules.chain import VerifyResult
+from specsample.shared import VerifyResult
 
 BACKENDS = ("auto", "torch", "triton")
 """The names :func:`resolve` accepts."""

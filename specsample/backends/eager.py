@@ -21,9 +21,10 @@ from specsample.rules.block import (
     block_weights,
     residual_mass_per_position,
 )
-from specsample.rules.chain import VerifyResult, chain_verify, count_accepted, emit
+from specsample.rules.chain import chain_verify, count_accepted, emit
 from specsample.rules.residual import sample_residual, sample_rows
 from specsample.rules.rows import LogitRows, ProbRows
+from specsample.shared import VerifyResult
 
 PROB_RULES: dict[str, Callable[..., VerifyResult]] = {"chain": chain_verify, "block": block_verify}
 """The rules on probabilities, by method: ``rule(target, draft, ids, bonus, uniforms)``."""

@@ -15,7 +15,7 @@ import torch
 from specsample import kernels
 from specsample.metadata import BatchLayout
 from specsample.probs import RowStats
-from specsample.rules.chain import VerifyResult
+from specsample.shared import VerifyResult
 
 
 def verify_logits(

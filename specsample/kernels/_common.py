@@ -23,7 +23,7 @@ except ImportError:
 if triton is not None:
     from triton.language.extra import libdevice
 
-    from specsample.rules.residual import BLOCK as _BLOCK
+    from specsample.shared import BLOCK as _BLOCK
 
     BLOCK: tl.constexpr = tl.constexpr(_BLOCK)
     PART: tl.constexpr = tl.constexpr(32)

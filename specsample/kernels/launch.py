@@ -22,7 +22,7 @@ import torch
 
 from specsample.metadata import BatchLayout
 from specsample.probs import RowStats
-from specsample.rules.residual import BLOCK
+from specsample.shared import BLOCK
 
 _TRUE = ("1", "true", "on", "yes")
 _PROGRAMS_PER_SM = 4

@@ -21,9 +21,7 @@ from specsample.kernels.launch import (
     _Step,
     _unit_columns,
 )
-from specsample.rules.chain import VerifyResult
-from specsample.rules.residual import BLOCK
-from specsample.rules.rows import flat_rows
+from specsample.shared import BLOCK, VerifyResult, flat_rows
 
 _RULE_IDS = {"chain": 0, "block": 1}
 

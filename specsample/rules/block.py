@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import torch
 
-from specsample.rules.chain import VerifyResult, check_rule_inputs, emit, gather_drafts
+from specsample.rules.chain import check_rule_inputs, emit, gather_drafts
 from specsample.rules.residual import block_masses, sample_residual
-from specsample.rules.rows import ProbRows, Selection, flat_rows
+from specsample.rules.rows import ProbRows, Selection
+from specsample.shared import VerifyResult, flat_rows
 
 
 def block_weights(q_at: torch.Tensor, p_at: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -16,23 +16,8 @@ import torch
 
 from specsample.checks import check_chain_inputs, check_step_uniforms, require_tensor
 from specsample.rules.residual import sample_residual
-from specsample.rules.rows import ProbRows, flat_rows
-
-
-class VerifyResult(NamedTuple):
-    """What a verification step produced.
-
-    Attributes
-    ----------
-    token_ids : torch.Tensor
-        ``[batch, k + 1]`` int64: the accepted drafts, then one more token (the residual draw
-        at the first rejection, or the bonus token), then ``-1`` padding.
-    num_accepted : torch.Tensor
-        ``[batch]`` int64: drafts accepted in order; ``num_accepted + 1`` tokens are emitted.
-    """
-
-    token_ids: torch.Tensor
-    num_accepted: torch.Tensor
+from specsample.rules.rows import ProbRows
+from specsample.shared import VerifyResult, flat_rows
 
 
 def emit(

@@ -29,9 +29,7 @@ import torch
 
 from specsample.random import inverse_cdf
 from specsample.rules.rows import LogitRows, ProbRows, Selection
-
-BLOCK = 1024
-"""Tokens per vocabulary block of the two-level inverse CDF."""
+from specsample.shared import BLOCK
 
 _SUB = 32
 _CPU_CHUNK_ELEMENTS = 1 << 18

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from specsample import VerifyOutput, verify
-from specsample.rules.residual import BLOCK
+from specsample.shared import BLOCK
 
 PLACEHOLDER = -1
 NEAR_ONE = 1.0 - 2.0**-53

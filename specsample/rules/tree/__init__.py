@@ -92,7 +92,7 @@ numbers), :mod:`~specsample.rules.tree.verify` (the top-down rules) and
 :mod:`~specsample.rules.tree.traversal` (traversal verification).
 """
 
-from specsample.rules.tree.structure import TreeVerifyResult, tree_bounds
+from specsample.rules.tree.structure import tree_bounds
 from specsample.rules.tree.traversal import (
     TRAVERSAL_DRAFTING,
     check_traversal_drafting,
@@ -110,6 +110,7 @@ from specsample.rules.tree.verify import (
     tree_verify,
     tree_verify_greedy,
 )
+from specsample.shared import TreeVerifyResult
 
 __all__ = [
     "TRAVERSAL_DRAFTING",

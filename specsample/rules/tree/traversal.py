@@ -82,7 +82,6 @@ import torch
 from specsample.checks import check_flag
 from specsample.random import Seeding, Stream, inverse_cdf, stripe
 from specsample.rules.tree.structure import (
-    TreeVerifyResult,
     check_tree,
     child_table,
     resolve_bounds,
@@ -98,6 +97,7 @@ from specsample.rules.tree.verify import (
     check_given_uniforms,
 )
 from specsample.seeding import check_position_values, positions_from, seeding_from
+from specsample.shared import TreeVerifyResult
 
 TRAVERSAL_DRAFTING: tuple[Drafting, ...] = ("iid", "without_replacement")
 """Drafting modes traversal verification is exact for."""

@@ -11,7 +11,6 @@ import torch
 from specsample.checks import check_flag, check_uniform_values, require_tensor
 from specsample.random import inverse_cdf
 from specsample.rules.tree.structure import (
-    TreeVerifyResult,
     Walk,
     check_tree,
     child_table,
@@ -20,6 +19,7 @@ from specsample.rules.tree.structure import (
 )
 from specsample.rules.tree.uniforms import tree_uniforms
 from specsample.seeding import check_position_values, positions_from, seeding_from
+from specsample.shared import TreeVerifyResult
 
 Drafting = Literal["iid", "without_replacement", "deterministic"]
 TreeMethod = Literal["mss", "rrs", "onehot"]
