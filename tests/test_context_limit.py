@@ -20,9 +20,9 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
+from specsample import adapter  # noqa: E402
 from specsample.generate import (  # noqa: E402
     NGramDrafter,
-    hf,
     speculative_generate,
     target_generate,
 )
@@ -62,14 +62,14 @@ def _tiny(model_type: str, seed: int, **config: Any) -> Any:
 def widths(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int | None]]]:
     """Record ``(width, max_positions)`` of every cache after every forward."""
     seen: list[tuple[int, int | None]] = []
-    forward = hf.CachedLM.forward
+    forward = adapter.CachedLM.forward
 
-    def recording(self: hf.CachedLM, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def recording(self: adapter.CachedLM, *args: Any, **kwargs: Any) -> torch.Tensor:
         logits = forward(self, *args, **kwargs)
         seen.append((self.width, self.max_positions))
         return logits
 
-    monkeypatch.setattr(hf.CachedLM, "forward", recording)
+    monkeypatch.setattr(adapter.CachedLM, "forward", recording)
     yield seen
 
 
@@ -136,13 +136,13 @@ def test_gpt_neo_local_attention_is_refused_before_generating() -> None:
 def test_unservable_attention_layers_are_named(config: Any, message: str) -> None:
     """Layer types other than full and sliding attention, or a window of no size, are named."""
     with pytest.raises(ValueError, match=message):
-        hf.attention_window(config)
+        adapter.attention_window(config)
 
 
 def test_qwen2_style_window_switch_off_means_full_attention() -> None:
     """A ``sliding_window`` with ``use_sliding_window=False`` is not a window at all."""
     config = SimpleNamespace(sliding_window=16, use_sliding_window=False)
-    assert hf.attention_window(config) == hf.AttentionWindow(None, False)
+    assert adapter.attention_window(config) == adapter.AttentionWindow(None, False)
 
 
 def test_nan_from_padding_in_float64_eager_attention_names_the_cause() -> None:
@@ -159,4 +159,4 @@ def test_nan_from_padding_in_float64_eager_attention_names_the_cause() -> None:
     config._attn_implementation = "eager"
     model = transformers.AutoModelForCausalLM.from_config(config).to(torch.float64).eval()
     with pytest.raises(ValueError, match="NaN for a left-padded input even without a cache"):
-        hf.check_masked_cache(model)
+        adapter.check_masked_cache(model)

@@ -18,10 +18,10 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from specsample.generate import fused as fused_module  # noqa: E402
+from specsample.adapter import CachedLM  # noqa: E402
+from specsample.adapter import fused as fused_module  # noqa: E402
+from specsample.adapter.fused import FusedForward, Projection, fused_forward  # noqa: E402
 from specsample.generate import speculative_generate, target_generate  # noqa: E402
-from specsample.generate.fused import FusedForward, Projection, fused_forward  # noqa: E402
-from specsample.generate.hf import CachedLM  # noqa: E402
 
 VOCAB = 50
 COMMON: dict[str, Any] = {

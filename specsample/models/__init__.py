@@ -13,7 +13,7 @@ __all__ = ["DEFAULT_DIR", "MODEL_NAMES", "default_model_dir"]
 
 DEFAULT_DIR = Path(__file__).resolve().parent / "default"
 """Directory holding the ``target`` and ``draft`` model directories: the one place the default
-pair is looked for (:func:`default_model_dir`, :func:`specsample.generate.hf.default_pair`, the
+pair is looked for (:func:`default_model_dir`, :func:`specsample.adapter.default_pair`, the
 ``generate`` command)."""
 
 MODEL_NAMES = ("target", "draft")

@@ -11,9 +11,9 @@ computes the same logits from the model's own parameters with the fewest operati
 * on a CPU, for float32 weights (up to :data:`PACK_LIMIT_BYTES`), those products run on
   weights laid out once for oneDNN (``torch.ops.mkldnn``), 1.5 to 2.7 times faster than the
   default matrix product for 1 to 48 rows on a two-core x86-64 machine;
-* rotary tables computed once per forward, the KV cache updated in place through the
-  model's own ``transformers`` cache object (so :class:`~specsample.generate.hf.CachedLM`
-  selects, joins and compacts it as before), attention by
+* rotary tables computed once per forward, the keys and values appended in place to the
+  loop's own :class:`~specsample.adapter.cache.KVCache` (the one the model's forward writes
+  through its ``transformers`` boundary), attention by
   :func:`torch.nn.functional.scaled_dot_product_attention` under the cache's additive mask;
 * the LM head applied to the kept positions only.
 
@@ -26,7 +26,7 @@ relative in float32; the norms and rotary tables follow ``transformers`` step by
 float32 where it takes float32).
 
 The weights are read when it is built: a model whose parameters change afterwards needs a
-new one (each :class:`~specsample.generate.hf.CachedLM` checks a fingerprint of the
+new one (each :class:`~specsample.adapter.lm.CachedLM` checks a fingerprint of the
 parameters, see :func:`fused_forward`).
 """
 
@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from specsample.adapter.cache import KVCache
 
 PACK_LIMIT_BYTES = 1 << 30
 """Largest total size of a model's projection weights laid out for oneDNN (the layout is a
@@ -175,7 +177,7 @@ class FusedForward:
     Examples
     --------
     >>> import transformers
-    >>> from specsample.generate.hf import CachedLM
+    >>> from specsample.adapter import CachedLM
     >>> config = transformers.LlamaConfig(
     ...     vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
     ...     num_attention_heads=2, max_position_embeddings=64)
@@ -218,7 +220,7 @@ class FusedForward:
         input_ids: torch.Tensor,
         position_ids: torch.Tensor,
         mask: torch.Tensor,
-        cache: Any,
+        cache: KVCache,
         keep: int,
     ) -> torch.Tensor:
         """Append ``n`` slots to ``cache`` and return the logits of the last ``keep``.
@@ -230,9 +232,9 @@ class FusedForward:
         mask : torch.Tensor
             ``[batch, 1, n, width]`` additive mask in the model's dtype (``width`` slots
             after this forward's).
-        cache : transformers.Cache
+        cache : KVCache
             The KV cache; each layer's keys and values are appended through
-            ``cache.update``.
+            :meth:`KVCache.update`.
         keep : int
             How many of the last positions get logits (``0``: all).
 
@@ -253,7 +255,7 @@ class FusedForward:
             query = _rotate(query.view(batch, n, heads, dim).transpose(1, 2), cos, sin)
             key = _rotate(key.view(batch, n, kv_heads, dim).transpose(1, 2), cos, sin)
             value = value.view(batch, n, kv_heads, dim).transpose(1, 2)
-            keys, values = cache.update(key, value, index)
+            keys, values = cache.update(index, key, value)
             attended = F.scaled_dot_product_attention(
                 query,
                 keys,

@@ -1,42 +1,42 @@
-"""Where a model comes from: a local model directory or a GGUF file, and what was loaded.
+"""Loading models and tokenizers: a local model directory or a GGUF file, never a hub.
 
 :func:`model_source` checks a path before anything slow runs: a directory must hold a
 ``config.json`` (or, for a tokenizer, a tokenizer file), a file must be a GGUF file (a
 ``.gguf`` name and the ``GGUF`` magic bytes); anything else is a ``ValueError`` naming the
 path and what was expected. :func:`from_pretrained_options` gives the keyword arguments
-``transformers`` loads a source with, always from local files only.
+``transformers`` loads a source with, always from local files only; :func:`load_model` and
+:func:`load_tokenizer` load one, :func:`check_same_tokenizer` checks that a target and a
+draft tokenize alike, and :func:`default_pair` finds the shipped default pair.
 
 A GGUF file is loaded by transformers' own GGUF support (it needs the ``gguf`` and
 ``accelerate`` packages, both in the ``hf`` extra): quantized tensors (``Q4_1``, ``Q8_0``,
 ...) are dequantized to a dense model at load time, so the model takes the memory of its
-unquantized parameters. :func:`read_gguf_header` reads what a file stores (its tensor types)
-without loading it, and :func:`describe_model` says in one line what was loaded.
+unquantized parameters. :func:`describe_model` says in one line what was loaded (for a GGUF
+file, what it stores: :func:`specsample.adapter.gguf.read_gguf_header`).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import inspect
-import struct
-from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, NamedTuple
 
-GGUF_MAGIC = b"GGUF"
-"""The first four bytes of every GGUF file."""
+from specsample import models
+from specsample.adapter.gguf import GGUF_MAGIC, read_gguf_header
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 """Files of which a tokenizer directory must hold at least one."""
 
-FLOAT_TYPES = frozenset(("F32", "F16", "BF16", "F64"))
-"""GGUF tensor types that are plain floats; every other float type is quantized."""
-
-_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-"""Size of each fixed-size GGUF metadata value type (8 is a string, 9 an array)."""
-
-_STRING, _ARRAY = 8, 9
-
 _EXPECTED = "a model directory holding config.json, or a .gguf file"
+
+_TOKENIZER_PROBES = (
+    "Hello, world!",
+    "The quick brown fox jumps over the lazy dog.",
+    "  indented\n\tlines, digits 0123456789 and symbols {}[]<>#@",
+    "Ünïcödé: naïve café, 東京, emoji 🙂",
+)
 
 
 class ModelSource(NamedTuple):
@@ -60,32 +60,6 @@ class ModelSource(NamedTuple):
     def is_gguf(self) -> bool:
         """Whether the source is a GGUF file."""
         return self.gguf_file is not None
-
-
-class GgufHeader(NamedTuple):
-    """What a GGUF file says about itself (:func:`read_gguf_header`).
-
-    Attributes
-    ----------
-    version : int
-        The format version (2 or 3).
-    architecture : str or None
-        ``general.architecture`` (``"llama"``, ...).
-    tensor_types : dict of str to int
-        How many tensors the file stores in each type (``{"Q4_1": 210, "F32": 61}``).
-    file_bytes : int
-        Size of the file.
-    """
-
-    version: int
-    architecture: str | None
-    tensor_types: dict[str, int]
-    file_bytes: int
-
-    @property
-    def quantized(self) -> bool:
-        """Whether any tensor is stored in a type other than a plain float."""
-        return any(name not in FLOAT_TYPES for name in self.tensor_types)
 
 
 def model_source(path: str | Path, *, role: str = "target", part: str = "model") -> ModelSource:
@@ -203,97 +177,108 @@ def from_pretrained_options(source: ModelSource, *, model: bool = True) -> dict[
     return options
 
 
-class _Reader:
-    """Sequential little-endian reads from a GGUF file, refusing one that ends early."""
+def load_model(path: str | Path, *, role: str = "target") -> Any:
+    """Load a causal LM from a local model directory or GGUF file (never from a hub), in eval mode.
 
-    def __init__(self, file: BinaryIO, path: Path) -> None:
-        self.file = file
-        self.path = path
-
-    def bytes(self, size: int) -> bytes:
-        data = self.file.read(size)
-        if len(data) != size:
-            raise ValueError(f"GGUF file ends inside its header: {self.path}")
-        return data
-
-    def u32(self) -> int:
-        return int(struct.unpack("<I", self.bytes(4))[0])
-
-    def u64(self) -> int:
-        return int(struct.unpack("<Q", self.bytes(8))[0])
-
-    def string(self) -> str:
-        return self.bytes(self.u64()).decode("utf-8", errors="replace")
-
-    def skip_value(self, kind: int) -> None:
-        if kind == _STRING:
-            self.file.seek(self.u64(), 1)
-        elif kind == _ARRAY:
-            item, count = self.u32(), self.u64()
-            if item in _SCALAR_BYTES:
-                self.file.seek(count * _SCALAR_BYTES[item], 1)
-            else:
-                for _ in range(count):
-                    self.skip_value(item)
-        elif kind in _SCALAR_BYTES:
-            self.file.seek(_SCALAR_BYTES[kind], 1)
-        else:
-            raise ValueError(f"GGUF file holds a value of unknown type {kind}: {self.path}")
-
-
-def _type_name(code: int) -> str:
-    """The name of a GGML tensor type (``"Q4_1"``), from the ``gguf`` package when installed."""
-    try:
-        from gguf import GGMLQuantizationType
-
-        return str(GGMLQuantizationType(code).name)
-    except (ImportError, ValueError):
-        return f"type {code}"
-
-
-def read_gguf_header(path: str | Path) -> GgufHeader:
-    """Read a GGUF file's version, architecture and tensor types, without its tensors.
+    A ``.gguf`` file is loaded by transformers' GGUF support, which dequantizes quantized
+    tensors to a dense model.
 
     Parameters
     ----------
     path : str or Path
-        The ``.gguf`` file.
-
-    Returns
-    -------
-    GgufHeader
+        A directory holding ``config.json`` and the weights, or a ``.gguf`` file.
+    role : str
+        ``"target"`` or ``"draft"``, for error messages.
 
     Raises
     ------
     ValueError
-        The file is not a GGUF file of version 2 or 3, or its header is cut short.
-    OSError
-        The file cannot be read.
+        ``path`` is neither a directory holding a ``config.json`` nor a GGUF file (the
+        message names it and what was expected).
+    ImportError
+        ``path`` is a GGUF file and the ``gguf`` or ``accelerate`` package is missing.
     """
-    path = Path(path)
-    with path.open("rb") as file:
-        reader = _Reader(file, path)
-        if reader.bytes(4) != GGUF_MAGIC:
-            raise ValueError(f"not a GGUF file: {path}")
-        version = reader.u32()
-        if version not in (2, 3):
-            raise ValueError(f"GGUF file of unsupported version {version}: {path}")
-        tensors, entries = reader.u64(), reader.u64()
-        architecture = None
-        for _ in range(entries):
-            key, kind = reader.string(), reader.u32()
-            if key == "general.architecture" and kind == _STRING:
-                architecture = reader.string()
-            else:
-                reader.skip_value(kind)
-        types: Counter[str] = Counter()
-        for _ in range(tensors):
-            reader.string()
-            dims = reader.u32()
-            reader.bytes(8 * dims)
-            types[_type_name(reader.u32())] += 1
-            reader.u64()
-    return GgufHeader(version, architecture, dict(types.most_common()), path.stat().st_size)
+    source = model_source(path, role=role)
+    if source.is_gguf:
+        require_gguf()
+    from transformers import AutoModelForCausalLM
+
+    options = from_pretrained_options(source)
+    model = AutoModelForCausalLM.from_pretrained(source.directory, **options)
+    return model.eval()
+
+
+def load_tokenizer(path: str | Path, *, role: str = "target") -> Any:
+    """Load the tokenizer of a local model directory or GGUF file (never from a hub).
+
+    Parameters
+    ----------
+    path : str or Path
+        A directory holding a tokenizer file (``tokenizer.json``, ...), or a ``.gguf`` file.
+    role : str
+        ``"target"`` or ``"draft"``, for error messages.
+
+    Raises
+    ------
+    ValueError
+        ``path`` is neither a directory holding a tokenizer file nor a GGUF file (the
+        message names it and what was expected).
+    ImportError
+        ``path`` is a GGUF file and the ``gguf`` or ``accelerate`` package is missing.
+    """
+    source = model_source(path, role=role, part="tokenizer")
+    if source.is_gguf:
+        require_gguf()
+    from transformers import AutoTokenizer
+
+    options = from_pretrained_options(source, model=False)
+    return AutoTokenizer.from_pretrained(source.directory, **options)
+
+
+def check_same_tokenizer(
+    target: Any, draft: Any, probes: Sequence[str] = _TOKENIZER_PROBES
+) -> None:
+    """Check that two tokenizers agree: same vocabulary, same encodings of a few strings.
+
+    Raises
+    ------
+    ValueError
+        Naming the first difference found.
+    """
+    target_vocab, draft_vocab = target.get_vocab(), draft.get_vocab()
+    if target_vocab != draft_vocab:
+        only_target = len(set(target_vocab.items()) - set(draft_vocab.items()))
+        only_draft = len(set(draft_vocab.items()) - set(target_vocab.items()))
+        raise ValueError(
+            "the target and draft tokenizers differ: vocabularies of "
+            f"{len(target_vocab)} and {len(draft_vocab)} tokens, {only_target} entries only in "
+            f"the target's and {only_draft} only in the draft's"
+        )
+    for text in probes:
+        a = target.encode(text, add_special_tokens=True)
+        b = draft.encode(text, add_special_tokens=True)
+        if a != b:
+            raise ValueError(
+                f"the target and draft tokenizers encode {text!r} differently: {a} vs {b}"
+            )
+
+
+def default_pair() -> tuple[Path, Path] | None:
+    """The installed default ``(target, draft)`` directories, or ``None`` when there is none.
+
+    They live under :data:`specsample.models.DEFAULT_DIR`; a model directory counts as
+    installed when it holds a ``config.json``.
+
+    Examples
+    --------
+    >>> pair = default_pair()
+    >>> pair is None or [p.name for p in pair] == ["target", "draft"]
+    True
+    """
+    target, draft = models.DEFAULT_DIR / "target", models.DEFAULT_DIR / "draft"
+    if (target / "config.json").is_file() and (draft / "config.json").is_file():
+        return target, draft
+    return None
 
 
 def model_size(model: Any) -> tuple[int, int]:
