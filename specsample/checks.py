@@ -278,6 +278,33 @@ def check_flag(name: str, value: object) -> bool:
     return value
 
 
+def check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
+    """``value`` if it is an int in ``[minimum, maximum]`` (no upper bound for ``None``).
+
+    Raises
+    ------
+    TypeError
+        ``value`` is not an int (a bool is not one); the message names ``name``.
+    ValueError
+        ``value`` is out of range; the message names ``name`` and the range.
+
+    Examples
+    --------
+    >>> check_int("rows", 3, 2)
+    3
+    >>> check_int("k", 65, 1, 64)
+    Traceback (most recent call last):
+    ...
+    ValueError: k must be in [1, 64], got 65
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum or (maximum is not None and value > maximum):
+        allowed = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"{name} must be {allowed}, got {value}")
+    return value
+
+
 def check_backend(backend: object, allowed: tuple[str, ...]) -> str:
     """Refuse a backend name that is not a string (which of ``allowed`` it is, is checked on use).
 
@@ -294,9 +321,11 @@ def check_backend(backend: object, allowed: tuple[str, ...]) -> str:
 
 
 def check_step_uniforms(
-    uniforms: object, batch: int, columns: int, device: torch.device
+    uniforms: object, batch: int, columns: int, device: torch.device, *, layout: str = ""
 ) -> torch.Tensor:
     """Check caller-given uniforms: ``[batch, columns]`` float64 on ``device`` (no sync).
+
+    ``layout``, when given, says in the shape message what the columns are.
 
     Examples
     --------
@@ -307,8 +336,9 @@ def check_step_uniforms(
     """
     uniforms = require_tensor("uniforms", uniforms)
     if uniforms.shape != (batch, columns):
+        what = f" ({layout})" if layout else ""
         raise ValueError(
-            f"uniforms must have shape {(batch, columns)}, got {tuple(uniforms.shape)}"
+            f"uniforms must have shape {(batch, columns)}{what}, got {tuple(uniforms.shape)}"
         )
     if uniforms.dtype != torch.float64:
         raise TypeError(f"uniforms must be float64, got {uniforms.dtype}")

@@ -1,8 +1,10 @@
 """The randomness arguments of the entry points, validated: seeds, generators, positions.
 
-Every entry point (:func:`specsample.verify`, :class:`specsample.RejectionSampler`,
-:func:`specsample.rules.tree.tree_verify`, the generation loop) checks what the caller gives
-here and turns it into a :class:`specsample.random.Seeding` and ``[batch]`` int64 positions.
+Every entry point (:func:`specsample.verify`, :class:`specsample.RejectionSampler`, the
+generation loop) checks what the caller gives here and turns it into a
+:class:`specsample.random.Seeding` (:func:`seeding_from`) and ``[batch]`` int64 positions;
+the tree rules (:func:`specsample.rules.tree.tree_verify`) take a Seeding so built and check
+it against their batch (:func:`check_seeding`).
 Host values are checked on the host; tensors only for dtype, shape and device (their values
 in strict mode, :func:`check_position_values`), so nothing synchronises by default.
 """
@@ -102,14 +104,54 @@ def seeding_from(
     if generator is not None:
         if not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-        if generator.device.type != device.type or (generator.device.index or 0) != (
-            device.index or 0
-        ):
+        if not _same_device(generator.device, device):
             raise ValueError(f"generator draws on {generator.device} but the batch is on {device}")
     own = dict(check_generators(generators, batch, generators_name))
     return Seeding.build(
         batch, device, seeds=check_seeds(seeds, batch, device), generators=own, generator=generator
     )
+
+
+def check_seeding(seeding: object, batch: int, device: torch.device) -> Seeding:
+    """A caller's :class:`~specsample.random.Seeding` checked against the batch.
+
+    ``None`` stands for every row on torch's default generator. A seeding is built by
+    :func:`seeding_from` for ``batch`` rows on ``device`` (its seeds live there and its shared
+    generator draws there).
+
+    Raises
+    ------
+    TypeError
+        ``seeding`` is neither ``None`` nor a Seeding.
+    ValueError
+        It has another number of rows, or was built for another device.
+
+    Examples
+    --------
+    >>> check_seeding(seeding_from(2, torch.device("cpu")), 3, torch.device("cpu"))
+    Traceback (most recent call last):
+    ...
+    ValueError: seeding has 2 rows but the batch has 3
+    """
+    if seeding is None:
+        return Seeding.build(batch, device)
+    if not isinstance(seeding, Seeding):
+        raise TypeError(
+            f"seeding must be a specsample.random.Seeding or None, got {type(seeding).__name__}"
+        )
+    if seeding.batch != batch:
+        raise ValueError(f"seeding has {seeding.batch} rows but the batch has {batch}")
+    for name, where in (("seeds", seeding.seeds), ("generator", seeding.generator)):
+        if where is not None and not _same_device(where.device, device):
+            raise ValueError(
+                f"seeding was built for {where.device} (its {name}) but the batch is on {device}"
+            )
+    return seeding
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """The same device, an index left out standing for index 0."""
+    return a.type == b.type and (a.index or 0) == (b.index or 0)
 
 
 def positions_from(

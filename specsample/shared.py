@@ -7,6 +7,7 @@ no layer imports another sideways for them.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import NamedTuple
 
 import torch
@@ -29,6 +30,66 @@ class VerifyResult(NamedTuple):
 
     token_ids: torch.Tensor
     num_accepted: torch.Tensor
+
+
+class ChainStep(NamedTuple):
+    """The arguments of a padded chain rule (:class:`PaddedRule`) as one value."""
+
+    target_probs: torch.Tensor
+    draft_probs: torch.Tensor
+    draft_token_ids: torch.Tensor
+    bonus_token_ids: torch.Tensor
+    uniforms: torch.Tensor
+
+
+class PaddedRule(ABC):
+    """A rule verifying a chain of ``k`` drafts per sequence from ``[batch, k, vocab]`` rows.
+
+    Every such rule, whether the reference rules of :mod:`specsample.rules` or the kernels
+    of :mod:`specsample.kernels`, is called with the same arguments (:meth:`__call__`) and
+    implements :meth:`verify` on them as one :class:`ChainStep`.
+    """
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    def __call__(
+        self,
+        target_probs: torch.Tensor,
+        draft_probs: torch.Tensor,
+        draft_token_ids: torch.Tensor,
+        bonus_token_ids: torch.Tensor,
+        uniforms: torch.Tensor,
+    ) -> VerifyResult:
+        """Verify a chain of ``k`` drafts per sequence by the rule.
+
+        Parameters
+        ----------
+        target_probs : torch.Tensor
+            ``[batch, k, vocab]`` target probabilities ``q`` at each draft position.
+        draft_probs : torch.Tensor
+            ``[batch, k, vocab]`` the draft distributions ``p`` the drafts were sampled from.
+        draft_token_ids : torch.Tensor
+            ``[batch, k]`` drafts. Ids outside ``[0, vocab)`` (such as ``-1`` placeholders)
+            are always rejected.
+        bonus_token_ids : torch.Tensor
+            ``[batch]`` or ``[batch, 1]`` int64, emitted when all ``k`` drafts are accepted.
+        uniforms : torch.Tensor
+            ``[batch, k + 1]`` float64 in ``[0, 1)``: one per accept test, then one for the
+            residual draw.
+
+        Returns
+        -------
+        VerifyResult
+            ``token_ids [batch, k + 1]`` int64 and ``num_accepted [batch]`` int64.
+        """
+        return self.verify(
+            ChainStep(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms)
+        )
+
+    @abstractmethod
+    def verify(self, step: ChainStep) -> VerifyResult:
+        """The rule's result on the arguments ``step`` (see :meth:`__call__`)."""
 
 
 class TreeVerifyResult(NamedTuple):

@@ -1,5 +1,8 @@
 """Traversal verification: exact enumeration, the reference on injected uniforms, sampling.
 
+Covers :mod:`specsample.rules.tree.traversal` and its walk,
+:mod:`specsample.rules.tree.traversal_walk`.
+
 The rule (see :mod:`specsample.rules.tree.traversal`) tries its tests in an order fixed by
 the tree: post-order, each node with its sequence-level weight, the weights and rows of a
 parent updated after each deleted child. Given the tree, the tests that would follow a
@@ -28,20 +31,25 @@ import numpy as np
 import pytest
 import torch
 
-from specsample.methods import METHODS, tree_methods
+from specsample.methods import (
+    METHODS,
+    Drafting,
+    check_traversal_drafting,
+    tree_draftings,
+    tree_method,
+    tree_methods,
+)
 from specsample.random import Seeding, Stream, counter_uniform
 from specsample.rules.block import block_verify
 from specsample.rules.tree import (
-    TRAVERSAL_DRAFTING,
     TREE_STRIDE,
-    Drafting,
-    check_traversal_drafting,
+    check_traversal,
     traversal_expected_tokens,
     traversal_uniforms,
     traversal_verify,
     tree_bounds,
-    tree_method,
 )
+from specsample.seeding import seeding_from
 from specsample.testing import Family, draw_inputs, make_family
 from tests.test_tree import (
     SHAPES,
@@ -227,7 +235,7 @@ def _step(toy: Toy, parents: list[int], drafting: str, law_of: str) -> tuple[Law
 
 @pytest.mark.parametrize("family", ["dirichlet", "close", "sparse", "split"])
 @pytest.mark.parametrize("shape", list(TREES))
-@pytest.mark.parametrize("drafting", TRAVERSAL_DRAFTING)
+@pytest.mark.parametrize("drafting", tree_draftings("traversal"))
 def test_enumeration_is_exact_and_beats_top_down(drafting: str, shape: str, family: str) -> None:
     """Stream law equals the target's to 1e-12; tokens per step >= the top-down rule's.
 
@@ -247,7 +255,7 @@ def test_enumeration_is_exact_and_beats_top_down(drafting: str, shape: str, fami
 def test_traversal_gains_over_top_down() -> None:
     """The gain is real: on a Dirichlet toy, binary tree, over 0.03 token per step each way."""
     toy = Toy(seed=3, family="dirichlet")
-    for drafting in TRAVERSAL_DRAFTING:
+    for drafting in tree_draftings("traversal"):
         _, mean = _step(toy, TREES["binary"], drafting, "traversal")
         _, top_down = _step(toy, TREES["binary"], drafting, TOP_DOWN[drafting])
         assert mean > top_down + 0.03, drafting
@@ -289,7 +297,7 @@ def test_disjoint_supports_accept_nothing_and_stay_exact() -> None:
     target = torch.tensor([[0.6, 0.4, 0.0, 0.0]], dtype=torch.float64).expand(1, 5, 4)
     draft = torch.tensor([[0.0, 0.0, 0.5, 0.5]], dtype=torch.float64).expand(1, 5, 4)
     tokens = torch.tensor([[-1, 2, 3, 2, 3]])
-    exact = traversal_expected_tokens(target, tokens, parents, drafting="iid", draft_probs=draft)
+    exact = traversal_expected_tokens(check_traversal(target, tokens, parents, "iid", draft))
     assert exact.tolist() == [1.0]
     u = torch.rand(500, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     many = (target.expand(500, 5, 4), tokens.expand(500, 5), parents)
@@ -360,7 +368,7 @@ def test_matches_reference_on_injected_uniforms(
             assert int(out.num_emitted[b]) == len(emitted)
 
 
-@pytest.mark.parametrize("drafting", TRAVERSAL_DRAFTING)
+@pytest.mark.parametrize("drafting", tree_draftings("traversal"))
 def test_exact_expectation_matches_reference(drafting: Drafting) -> None:
     """:func:`traversal_expected_tokens` on every drafted tree of the irregular shape (both
     walks) equals the reference's expectation to 1e-12, and so does its average over the
@@ -377,7 +385,7 @@ def test_exact_expectation_matches_reference(drafting: Drafting) -> None:
     shared = torch.tensor(parents)
     exact, per_row = (
         traversal_expected_tokens(
-            target_tab[index], tokens, topology, drafting=drafting, draft_probs=draft_tab[index]
+            check_traversal(target_tab[index], tokens, topology, drafting, draft_tab[index])
         )
         for topology in (shared, shared.expand(len(trees), -1))
     )
@@ -432,9 +440,9 @@ def test_sampling_matches_target(
     parents = torch.tensor(SHAPES[shape])
     if per_row:
         parents = parents.expand(ROWS, -1)
-    out = traversal_verify(
-        target.float(), tokens, parents, drafting=drafting, draft_probs=draft.float(), generator=g
-    )
+    seeding = seeding_from(ROWS, torch.device("cpu"), generator=g)
+    q, p = target.float(), draft.float()
+    out = traversal_verify(q, tokens, parents, drafting=drafting, draft_probs=p, seeding=seeding)
     assert assert_stream_follows_target(toy, out, shape, g) == 3
     _, exact = _step(toy, SHAPES[shape], drafting, "traversal")
     assert abs(float(out.num_emitted.double().mean()) - exact) < 0.015
@@ -497,7 +505,7 @@ def test_uniform_layout_and_seeded_rows() -> None:
     tokens[2], target[2], draft[2] = tokens[0], target[0], draft[0]
     seeded = torch.tensor([7, -1, 7])
     at = torch.tensor([5, 0, 5])
-    kwargs = {"drafting": "iid", "seeds": seeded, "positions": at}
+    kwargs = {"drafting": "iid", "seeding": seeding_from(3, cpu, seeds=seeded), "positions": at}
     out = traversal_verify(target, tokens, parents, draft_probs=draft, **kwargs)  # type: ignore[arg-type]
     alone = traversal_verify(
         target[:1],
@@ -505,7 +513,7 @@ def test_uniform_layout_and_seeded_rows() -> None:
         parents,
         drafting="iid",
         draft_probs=draft[:1],
-        seeds=[7],
+        seeding=seeding_from(1, cpu, seeds=[7]),
         positions=[5],
     )
     assert torch.equal(out.token_ids[0], out.token_ids[2])
@@ -517,11 +525,13 @@ def test_uniform_layout_and_seeded_rows() -> None:
     assert torch.equal(again.token_ids[[0, 2]], out.token_ids[[0, 2]])
     own = traversal_verify(
         target[1:2], tokens[1:2], parents, drafting="iid", draft_probs=draft[1:2],
-        generators={0: torch.Generator().manual_seed(42)},
+        seeding=seeding_from(1, cpu, generators={0: torch.Generator().manual_seed(42)}),
     )  # fmt: skip
     beside = traversal_verify(
-        target, tokens, parents, drafting="iid", draft_probs=draft, seeds=[5, None, None],
-        generators={1: torch.Generator().manual_seed(42)},
+        target, tokens, parents, drafting="iid", draft_probs=draft,
+        seeding=seeding_from(
+            3, cpu, seeds=[5, None, None], generators={1: torch.Generator().manual_seed(42)}
+        ),
     )  # fmt: skip
     assert torch.equal(own.token_ids[0], beside.token_ids[1])
 
@@ -561,7 +571,8 @@ def test_registration_and_refusals() -> None:
     with pytest.raises(ValueError, match="seeds/generators"):
         traversal_verify(
             target, tokens, parents, drafting="iid", draft_probs=draft,
-            uniforms=torch.rand(2, 7).double(), seeds=[1, 2],
+            uniforms=torch.rand(2, 7).double(),
+            seeding=seeding_from(2, torch.device("cpu"), seeds=[1, 2]),
         )  # fmt: skip
     with pytest.raises(ValueError, match="uniforms must lie in"):
         traversal_verify(
@@ -584,12 +595,10 @@ def test_edge_cases_without_nan() -> None:
     same = row.expand(4, 5, 3).contiguous()
     tokens = torch.tensor([[-1, 0, 1, 1, 0]]).expand(4, 5)
     parents = torch.tensor(TREES["irregular"])
-    for drafting in TRAVERSAL_DRAFTING:
+    for drafting in tree_draftings("traversal"):
         out = traversal_verify(same, tokens, parents, drafting=drafting, draft_probs=same)
         assert out.path[:, :3].tolist() == [[0, 1, 2]] * 4
-        exact = traversal_expected_tokens(
-            same, tokens, parents, drafting=drafting, draft_probs=same
-        )
+        exact = traversal_expected_tokens(check_traversal(same, tokens, parents, drafting, same))
         assert exact.tolist() == [3.0] * 4
     none = traversal_verify(same, tokens, parents, drafting="iid", draft_probs=same, max_children=0)
     assert none.num_emitted.tolist() == [1] * 4 and none.path.tolist() == [[0, -1, -1]] * 4
@@ -618,7 +627,7 @@ def test_decoding_loop_never_rereads_a_counter() -> None:
         assert not counters & seen
         seen |= counters
         out = traversal_verify(
-            target, tokens, parents, drafting="iid", draft_probs=draft, seeds=[step],
-            positions=[position],
+            target, tokens, parents, drafting="iid", draft_probs=draft,
+            seeding=seeding_from(1, torch.device("cpu"), seeds=[step]), positions=[position],
         )  # fmt: skip
         position += int(out.num_emitted[0])

@@ -28,26 +28,24 @@ import itertools
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+from specsample.methods import Drafting, TreeMethod, tree_draftings, tree_method, tree_methods
 from specsample.random import Seeding, Stream, counter_uniform
 from specsample.rules.tree import (
-    TREE_DRAFTING,
-    TREE_METHODS,
     TREE_STRIDE,
-    Drafting,
-    TreeMethod,
     TreeVerifyResult,
     tree_bounds,
-    tree_method,
     tree_uniforms,
     tree_verify,
     tree_verify_greedy,
 )
 from specsample.rules.tree.verify import _verify
+from specsample.seeding import seeding_from
 from specsample.testing import chi2_sf, detectable_tv
 
 VOCAB = 4
@@ -297,8 +295,8 @@ def _expected_emitted(toy: Toy, shape: str, drafting: str, rule: str) -> float:
 
 EXACT_CASES = [
     (drafting, rule)
-    for drafting in TREE_DRAFTING
-    for rule in TREE_METHODS
+    for drafting in tree_draftings()
+    for rule in tree_methods(top_down=True)
     if (drafting, rule) in {*RULE_OF.items(), ("iid", "onehot"), ("without_replacement", "onehot")}
 ]
 
@@ -336,9 +334,10 @@ def test_refused_pairs_are_biased(drafting: str, rule: str) -> None:
 
 
 def test_refusal_table_is_complete() -> None:
-    refused = {(d, m) for d in TREE_DRAFTING for m in TREE_METHODS if not _allowed(d, m)}
+    pairs = {(d, m) for d in tree_draftings() for m in tree_methods(top_down=True)}
+    refused = {(d, m) for d, m in pairs if not _allowed(d, m)}
     assert refused == set(BIASED_TV)
-    assert {(d, m) for d in TREE_DRAFTING for m in TREE_METHODS} - refused == set(EXACT_CASES)
+    assert pairs - refused == set(EXACT_CASES)
 
 
 def _allowed(drafting: str, method: str) -> bool:
@@ -575,7 +574,7 @@ def test_sampling_matches_target(
         drafting=drafting,
         draft_probs=draft.float(),
         method=method,
-        generator=g,
+        seeding=seeding_from(ROWS, torch.device("cpu"), generator=g),
     )
     assert_stream_follows_target(toy, out, shape, g)
 
@@ -632,7 +631,7 @@ def test_sampled_acceptance_matches_enumeration() -> None:
     toy = Toy(seed=23, family="close")
     parents = torch.tensor(SHAPES["binary"])
     g = torch.Generator().manual_seed(9)
-    for drafting in TREE_DRAFTING:
+    for drafting in tree_draftings():
         _, tokens, target, draft = _draw_trees(toy, "binary", drafting, ROWS, g)
         out = tree_verify(target, tokens, parents, drafting=drafting, draft_probs=draft)
         exact = _expected_emitted(toy, "binary", drafting, RULE_OF[drafting])
@@ -700,8 +699,15 @@ def test_seeded_rows_do_not_depend_on_the_batch() -> None:
     tokens[2], target[2], draft[2] = tokens[0], target[0], draft[0]
     seeds = torch.tensor([7, -1, 7])
     positions = torch.tensor([5, 0, 5])
+    cpu = torch.device("cpu")
     out = tree_verify(
-        target, tokens, parents, drafting="iid", draft_probs=draft, seeds=seeds, positions=positions
+        target,
+        tokens,
+        parents,
+        drafting="iid",
+        draft_probs=draft,
+        seeding=seeding_from(3, cpu, seeds=seeds),
+        positions=positions,
     )
     alone = tree_verify(
         target[:1],
@@ -709,12 +715,11 @@ def test_seeded_rows_do_not_depend_on_the_batch() -> None:
         parents,
         drafting="iid",
         draft_probs=draft[:1],
-        seeds=seeds[:1],
+        seeding=seeding_from(1, cpu, seeds=seeds[:1]),
         positions=positions[:1],
     )
     assert torch.equal(out.token_ids[0], out.token_ids[2])
     assert torch.equal(out.token_ids[:1], alone.token_ids)
-    cpu = torch.device("cpu")
     u = tree_uniforms(Seeding.build(3, cpu, seeds=seeds), 2, 2, cpu, positions)
     again = tree_verify(target, tokens, parents, drafting="iid", draft_probs=draft, uniforms=u)
     assert torch.equal(again.token_ids[0], out.token_ids[0])
@@ -774,7 +779,7 @@ def test_decoding_loop_never_rereads_a_counter() -> None:
             parents,
             drafting="iid",
             draft_probs=draft,
-            seeds=[step],
+            seeding=seeding_from(1, torch.device("cpu"), seeds=[step]),
             positions=torch.tensor([position]),
         )
         position += int(out.num_emitted[0])
@@ -784,15 +789,20 @@ def test_own_generator_rows_do_not_depend_on_the_batch() -> None:
     """A row with its own generator emits the same tokens alone or beside other rows (a
     seeded one and one on the shared generator), and does not disturb the shared one."""
     tokens, target, draft, parents = _small_batch(3)
+    cpu = torch.device("cpu")
     beside = tree_verify(
         target,
         tokens,
         parents,
         drafting="iid",
         draft_probs=draft,
-        seeds=[5, None, None],
-        generators={1: torch.Generator().manual_seed(42)},
-        generator=torch.Generator().manual_seed(7),
+        seeding=seeding_from(
+            3,
+            cpu,
+            seeds=[5, None, None],
+            generators={1: torch.Generator().manual_seed(42)},
+            generator=torch.Generator().manual_seed(7),
+        ),
     )
     alone = tree_verify(
         target[1:2],
@@ -800,8 +810,12 @@ def test_own_generator_rows_do_not_depend_on_the_batch() -> None:
         parents,
         drafting="iid",
         draft_probs=draft[1:2],
-        generators={0: torch.Generator().manual_seed(42)},
-        generator=torch.Generator().manual_seed(8),
+        seeding=seeding_from(
+            1,
+            cpu,
+            generators={0: torch.Generator().manual_seed(42)},
+            generator=torch.Generator().manual_seed(8),
+        ),
     )
     shared_alone = tree_verify(
         target[2:],
@@ -809,12 +823,11 @@ def test_own_generator_rows_do_not_depend_on_the_batch() -> None:
         parents,
         drafting="iid",
         draft_probs=draft[2:],
-        generator=torch.Generator().manual_seed(7),
+        seeding=seeding_from(1, cpu, generator=torch.Generator().manual_seed(7)),
     )
     assert torch.equal(beside.token_ids[1], alone.token_ids[0])
     assert torch.equal(beside.path[1], alone.path[0])
     assert torch.equal(beside.token_ids[2], shared_alone.token_ids[0])
-    cpu = torch.device("cpu")
     own = Seeding.build(1, cpu, generators={0: torch.Generator().manual_seed(42)})
     again = tree_verify(
         target[1:2],
@@ -828,29 +841,31 @@ def test_own_generator_rows_do_not_depend_on_the_batch() -> None:
 
 
 def test_seeding_arguments_are_checked() -> None:
+    """The randomness arguments, as the caller builds the seeding of a tree step
+    (:func:`specsample.seeding.seeding_from`), and the seeding as the rule checks it."""
     tokens, target, draft, parents = _small_batch(2)
     call: Callable[..., TreeVerifyResult] = tree_verify
     args = (target, tokens, parents)
+    cpu = torch.device("cpu")
+
+    def seeded(**randomness: Any) -> TreeVerifyResult:
+        seeding = seeding_from(2, cpu, **randomness)
+        return call(*args, drafting="iid", draft_probs=draft, seeding=seeding)
+
     with pytest.raises(ValueError, match="seeds"):
-        call(*args, drafting="iid", draft_probs=draft, seeds=torch.tensor([1, 2, 3]))
+        seeded(seeds=torch.tensor([1, 2, 3]))
     with pytest.raises(ValueError, match="seeds"):
-        call(*args, drafting="iid", draft_probs=draft, seeds=[1])
+        seeded(seeds=[1])
     with pytest.raises(TypeError, match="seeds"):
-        call(*args, drafting="iid", draft_probs=draft, seeds=[1.5, 2])
+        seeded(seeds=[1.5, 2])
     with pytest.raises(TypeError, match="generators"):
-        call(*args, drafting="iid", draft_probs=draft, generators=[torch.Generator()])
+        seeded(generators=[torch.Generator()])
     with pytest.raises(ValueError, match="generators"):
-        call(*args, drafting="iid", draft_probs=draft, generators={2: torch.Generator()})
+        seeded(generators={2: torch.Generator()})
     with pytest.raises(ValueError, match="seed and a generator"):
-        call(
-            *args,
-            drafting="iid",
-            draft_probs=draft,
-            seeds=[1, None],
-            generators={0: torch.Generator()},
-        )
+        seeded(seeds=[1, None], generators={0: torch.Generator()})
     with pytest.raises(TypeError, match="generator"):
-        call(*args, drafting="iid", draft_probs=draft, generator=3)
+        seeded(generator=3)
     with pytest.raises(ValueError, match="positions"):
         call(*args, drafting="iid", draft_probs=draft, positions=torch.tensor([1]))
     with pytest.raises(ValueError, match="seeds/generators"):
@@ -859,8 +874,12 @@ def test_seeding_arguments_are_checked() -> None:
             drafting="iid",
             draft_probs=draft,
             uniforms=torch.rand(2, 5, dtype=torch.float64),
-            generators={0: torch.Generator()},
+            seeding=seeding_from(2, cpu, generators={0: torch.Generator()}),
         )
+    with pytest.raises(ValueError, match="seeding has 3 rows"):
+        call(*args, drafting="iid", draft_probs=draft, seeding=seeding_from(3, cpu))
+    with pytest.raises(TypeError, match="seeding"):
+        call(*args, drafting="iid", draft_probs=draft, seeding=[1, 2])
     with pytest.raises(TypeError, match="seeding"):
         tree_uniforms(None, 1, 1, torch.device("cpu"))  # type: ignore[arg-type]
 
@@ -996,7 +1015,7 @@ def test_shape_and_type_errors() -> None:
             parents,
             drafting="deterministic",
             uniforms=torch.rand(2, 5),
-            seeds=torch.tensor([1, 2]),
+            seeding=seeding_from(2, torch.device("cpu"), seeds=torch.tensor([1, 2])),
         )
 
 

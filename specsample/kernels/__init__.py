@@ -14,13 +14,14 @@ synchronisation.
 
 Entry points:
 
-* :func:`chain_kernel_verify` and :func:`block_kernel_verify`: the arguments and result of
+* :data:`RULES`, one :class:`KernelRule` per exact chain method (:data:`chain_kernel_verify`,
+  :data:`block_kernel_verify`): the arguments and result of
   :func:`specsample.rules.chain.chain_verify` and :func:`specsample.rules.block.block_verify`;
 * :func:`verify_logits`: the step of :func:`specsample.verify` after its row statistics
   (ragged batches, greedy and sampled requests, draft probabilities, draft logits or one-hot
   drafts, both rules).
 
-For tests, :func:`specsample.kernels.padded.kernel_block_masses` runs the first kernel alone
+For tests, :func:`specsample.kernels.padded.kernel_block_masses` runs the first launch alone
 and returns the block masses the draw reads, computed as the rule computes them (in float32,
 or float64 for float64 probabilities; never in half precision).
 
@@ -45,10 +46,11 @@ import torch
 
 from specsample.kernels.launch import interpreting, supports, triton_available
 from specsample.kernels.logits import verify_logits
-from specsample.kernels.padded import RULES, block_kernel_verify, chain_kernel_verify
+from specsample.kernels.padded import RULES, KernelRule, block_kernel_verify, chain_kernel_verify
 
 __all__ = [
     "RULES",
+    "KernelRule",
     "available",
     "block_kernel_verify",
     "chain_kernel_verify",

@@ -1,15 +1,16 @@
 """The verify kernel behind :mod:`specsample.kernels` (see :mod:`specsample.kernels.launch`).
 
-Two kernels share one argument list:
+One kernel, :func:`_step_kernel`, launched once or twice per step; its ``PHASE`` selects the
+work:
 
-* :func:`specsample.kernels._residual.masses_kernel`, grid ``(request tiles, positions,
-  vocabulary splits)``: the per-block target and residual masses of the rows the draw may
-  read, into a float32 scratch;
-* :func:`verify_kernel`, grid ``(request tiles,)``: the accept test, greedy matching, block
+* ``PHASE=0``, grid ``(request tiles, positions, vocabulary splits)``: the per-block target
+  and residual masses of the rows the draw may read, into a float32 scratch
+  (:func:`specsample.kernels._residual._store_masses`);
+* ``PHASE=1``, grid ``(request tiles,)``: the accept test, greedy matching, block
   verification's accepted length, then the residual draw
-  (:func:`specsample.kernels._residual._draw`) and the output row.
+  (:func:`specsample.kernels._residual._draw`) and the output row (:func:`_verify_requests`).
 
-When the vocabulary fits in one block (``FUSED``) the second kernel computes the masses itself
+When the vocabulary fits in one block (``FUSED``) the second phase computes the masses itself
 and the first is not launched. Every program handles ``R`` requests (1 on a GPU; more under
 the interpreter, where each operation is vectorised over them). The arithmetic follows
 :mod:`specsample.rules` operation by operation: accept tests, weights, prefix sums and
@@ -38,7 +39,7 @@ if triton is not None:
         _requests,
         _take,
     )
-    from ._residual import _draw, _tile_masses
+    from ._residual import _draw, _store_masses, _tile_masses
 
     @triton.jit
     def _block_length(uni, u_stride, req, live, j, weights, z, n, k):
@@ -173,9 +174,97 @@ if triton is not None:
             residual_mass = tl.load(masses + at + n_blocks, mask=wanted, other=0.0)
         return target_mass, residual_mass
 
-    # Long for its parameter list only: one per pointer, size and switch, shared by both kernels.
+    @triton.jit
+    def _verify_requests(
+        target,
+        draft,
+        t_argmax,
+        greedy,
+        bonus,
+        uniforms,
+        masses,
+        outputs,
+        requests,
+        sizes,
+        R: tl.constexpr,
+        K1: tl.constexpr,
+        COLS: tl.constexpr,
+        NB_PAD: tl.constexpr,
+        TARGET_LOGITS: tl.constexpr,
+        DRAFT: tl.constexpr,
+        RULE: tl.constexpr,
+        BONUS_IDS: tl.constexpr,
+        HAS_GREEDY: tl.constexpr,
+        SAMPLED: tl.constexpr,
+        WIDE: tl.constexpr,
+        FUSED: tl.constexpr,
+    ):
+        """The verify phase: accept test, accepted length, residual draw and output row.
+
+        ``uniforms`` is ``(pointer, row stride)``, ``outputs`` ``(token ids, accepted
+        counts)``, ``requests`` what :func:`specsample.kernels._common._requests` returns,
+        ``sizes`` is ``(vocab, k, n_blocks, n_positions)``.
+        """
+        uni, u_stride = uniforms
+        req, live, t_first, d_first, n, drafts = requests
+        vocab, k, n_blocks, n_positions = sizes
+        j, tok, valid, q_at, p_at = drafts
+        _, _, _, t_cut, _, _ = target
+        g = req < 0
+        count = tl.zeros([R], tl.int64)
+        final = tl.zeros([R], tl.int64)
+        if HAS_GREEDY:
+            g, count, final = _greedy(
+                t_argmax, t_cut, greedy, bonus, req, live, t_first, j, tok, valid, n, K1,
+                BONUS_IDS,
+            )  # fmt: skip
+        if SAMPLED:
+            sampled = live & (g == 0)
+            if RULE == 0:
+                pos = _chain_accepted(uni, u_stride, req, live, j, valid, q_at, p_at, n, k, K1)
+                w = tl.full([R], 1.0, tl.float32)
+                slot = tl.zeros([R], tl.int64)
+            else:
+                weights = _block_weights(j, valid, q_at, p_at, K1)
+                if FUSED:
+                    z = _fused_block_z(
+                        target, draft, sampled, drafts, weights, t_first, d_first, n, vocab,
+                        R, K1, COLS, TARGET_LOGITS, DRAFT, WIDE,
+                    )  # fmt: skip
+                else:
+                    z = _stored_block_z(masses, req, sampled, j, n, n_blocks, n_positions, NB_PAD)
+                pos = _block_length(uni, u_stride, req, live, j, weights, z, n, k)
+                w = _take(weights, j, pos).to(tl.float32)
+                slot = pos
+            bonus_used = pos == n if BONUS_IDS else req < 0
+            need = sampled & (bonus_used == 0)
+            rows = _draw_row(pos, n, j, tok, valid, t_first, d_first, w, need)
+            target_mass, residual_mass = _row_masses(
+                target, draft, masses, rows, req, slot, vocab, n_blocks, n_positions,
+                R, COLS, NB_PAD, TARGET_LOGITS, DRAFT, WIDE, FUSED,
+            )  # fmt: skip
+            u = tl.load(uni + req * u_stride + k, mask=live, other=0.0)
+            token = _draw(
+                target, draft, rows, target_mass, residual_mass, u, n_blocks, vocab,
+                R, COLS, NB_PAD, TARGET_LOGITS, DRAFT,
+            )  # fmt: skip
+            if BONUS_IDS:
+                given = tl.load(bonus + req, mask=live, other=0).to(tl.int64)
+                token = tl.where(bonus_used, given, token)
+            count = tl.where(g, count, pos)
+            final = tl.where(g, final, token)
+        out, n_out = outputs
+        last = tl.where(j[None, :] == count[:, None], final[:, None], -1)
+        row = tl.where(j[None, :] < count[:, None], tok, last)
+        store = live[:, None] & (j[None, :] <= k)
+        tl.store(out + req[:, None] * (k + 1) + j[None, :], row, mask=store)
+        tl.store(n_out + req, count, mask=live)
+
+    # A Triton kernel takes every tensor, stride, size and switch as a separate scalar
+    # argument (it cannot take a struct), hence the long parameter list; it is written once,
+    # and the two phases it selects take them grouped.
     @triton.jit(do_not_specialize=VARYING)
-    def verify_kernel(
+    def _step_kernel(
         tgt,
         t_rs,
         t_inv,
@@ -221,61 +310,29 @@ if triton is not None:
         SAMPLED: tl.constexpr,
         WIDE: tl.constexpr,
         FUSED: tl.constexpr,
+        PHASE: tl.constexpr,
     ):
-        """Accept test, accepted length, residual draw and output row of ``R`` requests."""
+        """One phase of a step for ``R`` requests: ``PHASE`` 0 the block masses
+        (:func:`specsample.kernels._residual._store_masses`), 1 the verification
+        (:func:`_verify_requests`)."""
         target = (tgt, t_rs, t_inv, t_cut, t_lse, t_shift)
         draft = (drf, d_rs, d_cut, d_lse, d_shift)
         starts = (t_start, d_start, n_drafts)
-        sizes = (batch, vocab, k, t_step, d_step)
-        req, live, t_first, d_first, n, drafts = _requests(
-            target, draft, ids, starts, sizes, R, K1, TARGET_LOGITS, DRAFT, RAGGED
+        layout = (batch, vocab, k, t_step, d_step)
+        requests = _requests(
+            target, draft, ids, starts, layout, R, K1, TARGET_LOGITS, DRAFT, RAGGED
         )
-        j, tok, valid, q_at, p_at = drafts
-        g = req < 0
-        count = tl.zeros([R], tl.int64)
-        final = tl.zeros([R], tl.int64)
-        if HAS_GREEDY:
-            g, count, final = _greedy(
-                t_argmax, t_cut, greedy, bonus, req, live, t_first, j, tok, valid, n, K1,
-                BONUS_IDS,
+        uniforms = (uni, u_stride)
+        if PHASE == 0:
+            sizes = (vocab, k, n_blocks, n_positions, iters_per_split)
+            _store_masses(
+                target, draft, greedy, uniforms, masses, requests, sizes,
+                R, K1, COLS, BPI, TARGET_LOGITS, DRAFT, RULE, BONUS_IDS, HAS_GREEDY, WIDE,
             )  # fmt: skip
-        if SAMPLED:
-            sampled = live & (g == 0)
-            if RULE == 0:
-                pos = _chain_accepted(uni, u_stride, req, live, j, valid, q_at, p_at, n, k, K1)
-                w = tl.full([R], 1.0, tl.float32)
-                slot = tl.zeros([R], tl.int64)
-            else:
-                weights = _block_weights(j, valid, q_at, p_at, K1)
-                if FUSED:
-                    z = _fused_block_z(
-                        target, draft, sampled, drafts, weights, t_first, d_first, n, vocab,
-                        R, K1, COLS, TARGET_LOGITS, DRAFT, WIDE,
-                    )  # fmt: skip
-                else:
-                    z = _stored_block_z(masses, req, sampled, j, n, n_blocks, n_positions, NB_PAD)
-                pos = _block_length(uni, u_stride, req, live, j, weights, z, n, k)
-                w = _take(weights, j, pos).to(tl.float32)
-                slot = pos
-            bonus_used = pos == n if BONUS_IDS else req < 0
-            need = sampled & (bonus_used == 0)
-            rows = _draw_row(pos, n, j, tok, valid, t_first, d_first, w, need)
-            target_mass, residual_mass = _row_masses(
-                target, draft, masses, rows, req, slot, vocab, n_blocks, n_positions,
-                R, COLS, NB_PAD, TARGET_LOGITS, DRAFT, WIDE, FUSED,
+        else:
+            _verify_requests(
+                target, draft, t_argmax, greedy, bonus, uniforms, masses, (out, n_out), requests,
+                (vocab, k, n_blocks, n_positions),
+                R, K1, COLS, NB_PAD, TARGET_LOGITS, DRAFT, RULE, BONUS_IDS, HAS_GREEDY, SAMPLED,
+                WIDE, FUSED,
             )  # fmt: skip
-            u = tl.load(uni + req * u_stride + k, mask=live, other=0.0)
-            token = _draw(
-                target, draft, rows, target_mass, residual_mass, u, n_blocks, vocab,
-                R, COLS, NB_PAD, TARGET_LOGITS, DRAFT,
-            )  # fmt: skip
-            if BONUS_IDS:
-                given = tl.load(bonus + req, mask=live, other=0).to(tl.int64)
-                token = tl.where(bonus_used, given, token)
-            count = tl.where(g, count, pos)
-            final = tl.where(g, final, token)
-        last = tl.where(j[None, :] == count[:, None], final[:, None], -1)
-        row = tl.where(j[None, :] < count[:, None], tok, last)
-        store = live[:, None] & (j[None, :] <= k)
-        tl.store(out + req[:, None] * (k + 1) + j[None, :], row, mask=store)
-        tl.store(n_out + req, count, mask=live)

@@ -1,10 +1,11 @@
 """Triton programs of the residual ``max(w q - p, 0)``: its block masses, and the draw.
 
-* :func:`masses_kernel`, grid ``(request tiles, positions, vocabulary splits)``: for the row a
-  request's draw reads (chain rule) or for every draft position (block rule), the per-block
-  target mass ``sum q`` and residual mass ``sum max(w q - p, 0)`` over blocks of
-  :data:`BLOCK` columns, written to a ``[batch, positions, 2, blocks]`` float32 scratch;
-* :func:`_draw`, called by :func:`specsample.kernels._jit.verify_kernel`: the hierarchical
+* :func:`_store_masses`, the masses phase of :func:`specsample.kernels._jit._step_kernel`
+  (grid ``(request tiles, positions, vocabulary splits)``): for the row a request's draw reads
+  (chain rule) or for every draft position (block rule), the per-block target mass ``sum q``
+  and residual mass ``sum max(w q - p, 0)`` over blocks of :data:`BLOCK` columns, written to a
+  ``[batch, positions, 2, blocks]`` float32 scratch;
+* :func:`_draw`, called by its verify phase: the hierarchical
   inverse-CDF draw (block, 32-token part, token) from the masses and one segment of
   :data:`BLOCK` columns.
 
@@ -38,13 +39,11 @@ if triton is not None:
         BLOCK,
         PART,
         PARTS,
-        VARYING,
         _block_weights,
         _chain_accepted,
         _draw_row,
         _logit_probs,
         _pick,
-        _requests,
         _take,
     )
 
@@ -138,63 +137,36 @@ if triton is not None:
         residual_mass = tl.sum(tl.reshape(r, (R, NT, COLS)), axis=2)
         return target_mass, residual_mass
 
-    # Long for its parameter list only: one per pointer, size and switch, shared by both kernels.
-    @triton.jit(do_not_specialize=VARYING)
-    def masses_kernel(
-        tgt,
-        t_rs,
-        t_inv,
-        t_cut,
-        t_lse,
-        t_shift,
-        t_argmax,
-        drf,
-        d_rs,
-        d_cut,
-        d_lse,
-        d_shift,
-        ids,
-        uni,
-        u_stride,
-        t_start,
-        d_start,
-        n_drafts,
+    @triton.jit
+    def _store_masses(
+        target,
+        draft,
         greedy,
-        bonus,
+        uniforms,
         masses,
-        out,
-        n_out,
-        batch,
-        vocab,
-        k,
-        t_step,
-        d_step,
-        n_blocks,
-        n_positions,
-        iters_per_split,
+        requests,
+        sizes,
         R: tl.constexpr,
         K1: tl.constexpr,
         COLS: tl.constexpr,
         BPI: tl.constexpr,
-        NB_PAD: tl.constexpr,
         TARGET_LOGITS: tl.constexpr,
         DRAFT: tl.constexpr,
         RULE: tl.constexpr,
-        RAGGED: tl.constexpr,
         BONUS_IDS: tl.constexpr,
         HAS_GREEDY: tl.constexpr,
-        SAMPLED: tl.constexpr,
         WIDE: tl.constexpr,
-        FUSED: tl.constexpr,
     ):
-        """Block masses of the row a request draws from (chain) or of every position (block)."""
-        target = (tgt, t_rs, t_inv, t_cut, t_lse, t_shift)
-        draft = (drf, d_rs, d_cut, d_lse, d_shift)
-        starts = (t_start, d_start, n_drafts)
-        sizes = (batch, vocab, k, t_step, d_step)
-        req, live, t_first, d_first, n, drafts = _requests(
-            target, draft, ids, starts, sizes, R, K1, TARGET_LOGITS, DRAFT, RAGGED
-        )
+        """The masses phase: block masses of the row a request draws from (chain) or of every
+        position (block), for program ``(tile, position, split)``.
+
+        ``uniforms`` is ``(pointer, row stride)``, ``requests`` what
+        :func:`specsample.kernels._common._requests` returns, ``sizes`` is ``(vocab, k,
+        n_blocks, n_positions, iters_per_split)``.
+        """
+        uni, u_stride = uniforms
+        req, live, t_first, d_first, n, drafts = requests
+        vocab, k, n_blocks, n_positions, iters_per_split = sizes
         j, tok, valid, q_at, p_at = drafts
         slot = tl.program_id(1)
         split = tl.program_id(2)

@@ -1,10 +1,10 @@
 """Host side of the Triton verifiers: device checks, loading, launch configuration, launches.
 
 Nothing here reads a device tensor: shapes, dtypes and host-side counts decide every launch
-parameter, so a step runs without synchronising with the device. The kernels themselves live
-in :mod:`specsample.kernels._jit` and :mod:`specsample.kernels._residual`, loaded on first
-use, compiled for the GPU or, when ``TRITON_INTERPRET=1`` is set, run by Triton's interpreter
-on CPU tensors (slow; for tests).
+parameter, so a step runs without synchronising with the device. The kernel itself lives in
+:mod:`specsample.kernels._jit` (with :mod:`specsample.kernels._residual` and
+:mod:`specsample.kernels._common`), loaded on first use, compiled for the GPU or, when
+``TRITON_INTERPRET=1`` is set, run by Triton's interpreter on CPU tensors (slow; for tests).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import torch
 
 from specsample.metadata import BatchLayout
+from specsample.methods import chain_methods
 from specsample.probs import RowStats
 from specsample.shared import BLOCK
 
@@ -72,18 +73,15 @@ def supports(tensor: torch.Tensor) -> bool:
     return interpreting() or tensor.device.type == "cuda"
 
 
-class _Programs(NamedTuple):
-    """The two kernels of one mode (see :mod:`specsample.kernels._jit`)."""
+# The ``PHASE`` values of the kernel (see :mod:`specsample.kernels._jit`).
+_MASSES = 0
+_VERIFY = 1
 
-    masses: Any
-    verify: Any
-
-
-_LOADED: dict[bool, _Programs] = {}
+_LOADED: dict[bool, Any] = {}
 
 
-def _programs() -> _Programs:
-    """The kernels for the current mode (compiled or interpreted), loaded once per mode.
+def _kernel() -> Any:
+    """The kernel for the current mode (compiled or interpreted), loaded once per mode.
 
     Triton decides at decoration time whether a function is compiled or interpreted, so each
     mode gets its own copy of the kernel modules: they are imported as submodules of a
@@ -91,9 +89,9 @@ def _programs() -> _Programs:
     path is this folder, and their relative imports stay within that copy.
     """
     interpret = interpreting()
-    programs = _LOADED.get(interpret)
-    if programs is not None:
-        return programs
+    kernel = _LOADED.get(interpret)
+    if kernel is not None:
+        return kernel
     if not triton_available():
         raise RuntimeError("the Triton kernels need triton: pip install 'specsample[triton]'")
     package = f"{__package__}._{'interpreted' if interpret else 'compiled'}"
@@ -101,10 +99,16 @@ def _programs() -> _Programs:
         spec = importlib.machinery.ModuleSpec(package, None, is_package=True)
         spec.submodule_search_locations = [str(Path(__file__).parent)]
         sys.modules[package] = importlib.util.module_from_spec(spec)
-    masses = importlib.import_module(f"{package}._residual").masses_kernel
-    verify = importlib.import_module(f"{package}._jit").verify_kernel
-    programs = _LOADED[interpret] = _Programs(masses, verify)
-    return programs
+    kernel = _LOADED[interpret] = importlib.import_module(f"{package}._jit")._step_kernel
+    return kernel
+
+
+def _rule_id(method: str) -> int:
+    """The kernel's ``RULE`` for an exact chain method: its index in :func:`chain_methods`.
+
+    The kernel reads 0 as the chain rule and 1 as block verification.
+    """
+    return chain_methods().index(method)
 
 
 def _next_power_of_two(n: int) -> int:
@@ -161,7 +165,7 @@ class _Step(NamedTuple):
     ``draft`` dense ``[rows, vocab]`` probabilities, logits (with ``draft_stats``) or None
     (one-hot drafts); ``layout`` the ragged layout, or None for the padded ``[batch, k]``
     rules (row ``b * steps[i] + j`` then holds position ``j`` of sequence ``b``); ``rule`` is
-    0 (chain) or 1 (block).
+    the kernel's ``RULE`` (:func:`_rule_id`: 0 chain, 1 block).
     """
 
     target: torch.Tensor
@@ -181,7 +185,7 @@ class _Step(NamedTuple):
 
     @property
     def positions(self) -> int:
-        """Rows per request whose block masses the masses kernel computes.
+        """Rows per request whose block masses the masses phase computes.
 
         1 for the chain rule (the row its draw reads); for the block rule every draft row,
         and with a ragged layout the bonus row too.
@@ -198,11 +202,6 @@ def _nonempty(tensor: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def _unit_columns(rows: torch.Tensor) -> torch.Tensor:
-    """``rows [n, vocab]`` with unit column stride (copied only when needed)."""
-    return rows if rows.stride(-1) == 1 or rows.shape[-1] <= 1 else rows.contiguous()
-
-
 def _arguments(
     step: _Step,
     config: _Config,
@@ -210,7 +209,7 @@ def _arguments(
     token_ids: torch.Tensor,
     num_accepted: torch.Tensor,
 ) -> list[Any]:
-    """The runtime arguments both kernels take, in their order (absent tensors stood in)."""
+    """The runtime arguments of the kernel, in their order (absent tensors stood in)."""
     device = step.target.device
     floats = torch.empty(1, dtype=torch.float32, device=device)
     longs = torch.empty(1, dtype=torch.int64, device=device)
@@ -255,7 +254,7 @@ def _arguments(
 
 
 def _constants(step: _Step, config: _Config) -> dict[str, Any]:
-    """The compile-time arguments both kernels take, and the compiler options.
+    """The compile-time arguments of both phases, and the compiler options.
 
     ``WIDE``: float64 target probabilities with dense draft probabilities, whose block
     masses the rule computes in float64 (see :mod:`specsample.kernels._residual`).
@@ -284,7 +283,7 @@ def _constants(step: _Step, config: _Config) -> dict[str, Any]:
 
 
 def _launch(step: _Step) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the kernels; returns ``token_ids [batch, k + 1]`` and ``num_accepted [batch]``."""
+    """Launch the kernel; returns ``token_ids [batch, k + 1]`` and ``num_accepted [batch]``."""
     device = step.target.device
     token_ids = torch.empty(step.batch, step.k + 1, dtype=torch.int64, device=device)
     num_accepted = torch.empty(step.batch, dtype=torch.int64, device=device)
@@ -296,16 +295,16 @@ def _launch(step: _Step) -> tuple[torch.Tensor, torch.Tensor]:
     masses = torch.empty(size, dtype=torch.float32, device=device)
     args = _arguments(step, config, masses, token_ids, num_accepted)
     constants = _constants(step, config)
-    programs = _programs()
+    kernel = _kernel()
     tiles = -(-step.batch // config.rows)
     if separate:
-        programs.masses[(tiles, step.positions, config.splits)](*args, **constants)
-    programs.verify[(tiles,)](*args, **constants)
+        kernel[(tiles, step.positions, config.splits)](*args, **constants, PHASE=_MASSES)
+    kernel[(tiles,)](*args, **constants, PHASE=_VERIFY)
     return token_ids, num_accepted
 
 
 def _launch_masses(step: _Step) -> torch.Tensor:
-    """The masses kernel alone: ``[batch, positions, 2, blocks]`` float32, 0 where unwritten."""
+    """The masses phase alone: ``[batch, positions, 2, blocks]`` float32, 0 where unwritten."""
     device = step.target.device
     config = _config(device, step.batch, step.vocab, step.k, step.positions)
     shape = (step.batch, step.positions, 2, config.n_blocks)
@@ -315,7 +314,8 @@ def _launch_masses(step: _Step) -> torch.Tensor:
     unset = torch.empty(1, dtype=torch.int64, device=device)
     args = _arguments(step, config, masses, unset, unset)
     tiles = -(-step.batch // config.rows)
-    _programs().masses[(tiles, step.positions, config.splits)](*args, **_constants(step, config))
+    grid = (tiles, step.positions, config.splits)
+    _kernel()[grid](*args, **_constants(step, config), PHASE=_MASSES)
     return masses
 
 

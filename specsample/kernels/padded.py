@@ -1,16 +1,15 @@
 """The padded probability rules by the Triton kernels: ``[batch, k, vocab]`` rows, as in
 :mod:`specsample.rules`.
 
-:func:`chain_kernel_verify` and :func:`block_kernel_verify` take the arguments and give the
-result of :func:`specsample.rules.chain.chain_verify` and
-:func:`specsample.rules.block.block_verify`; :func:`kernel_block_masses` runs the first of the
-two kernels alone and returns the block masses the draw reads, to be compared with the
-rules' own (:func:`specsample.rules.residual.block_masses`).
+:class:`KernelRule` takes the arguments and gives the result of
+:func:`specsample.rules.chain.chain_verify` or :func:`specsample.rules.block.block_verify`;
+:data:`RULES` holds one per exact chain method of :mod:`specsample.methods`.
+:func:`kernel_block_masses` runs the masses phase of the kernel alone and returns the block
+masses the draw reads, to be compared with the rules' own
+(:func:`specsample.rules.residual.block_masses`).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 
@@ -18,26 +17,27 @@ from specsample.kernels.launch import (
     _check_device,
     _launch,
     _launch_masses,
+    _rule_id,
     _Step,
-    _unit_columns,
 )
-from specsample.shared import BLOCK, VerifyResult, flat_rows
+from specsample.methods import chain_methods, check_method
+from specsample.shared import (
+    BLOCK,
+    ChainStep,
+    PaddedRule,
+    VerifyResult,
+    flat_rows,
+    unit_columns,
+)
 
-_RULE_IDS = {"chain": 0, "block": 1}
 
-
-def _padded_step(
-    target_probs: torch.Tensor,
-    draft_probs: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    bonus_token_ids: torch.Tensor,
-    uniforms: torch.Tensor,
-    rule: int,
-) -> _Step | None:
+def _padded_step(step: ChainStep, rule: int) -> _Step | None:
     """Check the arguments of the padded probability rules and lay them out as a step.
 
-    ``rule`` is 0 (chain) or 1 (block); None when ``k = 0`` (no draft to verify).
+    ``rule`` is the kernel's (:func:`specsample.kernels.launch._rule_id`); None when ``k = 0``
+    (no draft to verify).
     """
+    target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms = step
     if target_probs.dim() != 3 or draft_probs.shape != target_probs.shape:
         raise ValueError(
             "target_probs and draft_probs must both have shape [batch, k, vocab], got "
@@ -55,9 +55,9 @@ def _padded_step(
     target_rows, target_step = flat_rows(target_probs)
     draft_rows, draft_step = flat_rows(draft_probs)
     return _Step(
-        target=_unit_columns(target_rows),
+        target=unit_columns(target_rows),
         target_stats=None,
-        draft=_unit_columns(draft_rows),
+        draft=unit_columns(draft_rows),
         draft_stats=None,
         ids=draft_token_ids.contiguous(),
         uniforms=uniforms.contiguous(),
@@ -72,116 +72,76 @@ def _padded_step(
     )
 
 
-def _padded(
-    target_probs: torch.Tensor,
-    draft_probs: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    bonus_token_ids: torch.Tensor,
-    uniforms: torch.Tensor,
-    rule: int,
-) -> VerifyResult:
-    """The padded probability rules (:func:`chain_kernel_verify`, :func:`block_kernel_verify`)."""
-    step = _padded_step(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms, rule)
-    if step is None:
-        ids = bonus_token_ids.reshape(target_probs.shape[0]).to(torch.int64)
-        return VerifyResult(ids.unsqueeze(-1), torch.zeros_like(ids))
-    return VerifyResult(*_launch(step))
+class KernelRule(PaddedRule):
+    """A padded probability rule run by the Triton kernel; same contract as the rule it names.
 
+    Called with the arguments of :func:`specsample.rules.chain.chain_verify` (``"chain"``:
+    token-by-token verification) or :func:`specsample.rules.block.block_verify`
+    (``"block"``: block verification, the first ``k`` uniforms being the ``eta_i``), it
+    returns the same result with the same randomness: given the same uniforms it emits the
+    same tokens, up to floating-point ties (a uniform within rounding of a boundary of the
+    inverse CDF). The residual is computed only at the row the draw reads (chain; not at all
+    when every draft is accepted) or, for the block rule, at every position, in a first
+    launch; a second one verifies and draws.
 
-def chain_kernel_verify(
-    target_probs: torch.Tensor,
-    draft_probs: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    bonus_token_ids: torch.Tensor,
-    uniforms: torch.Tensor,
-) -> VerifyResult:
-    """Token-by-token verification in two Triton kernels; same contract as ``chain_verify``.
-
-    Same arguments, result and randomness as :func:`specsample.rules.chain.chain_verify`:
-    given the same uniforms it emits the same tokens, up to floating-point ties (a uniform
-    within rounding of a boundary of the inverse CDF). The residual is computed only at each
-    sequence's first rejected position, and not at all when every draft is accepted.
+    The rule is called as :meth:`PaddedRule.__call__ <specsample.shared.PaddedRule.__call__>`
+    documents, with ``target_probs`` and ``draft_probs`` in float32, float16, bfloat16 or
+    float64 (unit column stride preferred; other layouts are copied) and
+    ``draft_token_ids`` int64 or int32.
 
     Parameters
     ----------
-    target_probs, draft_probs : torch.Tensor
-        ``[batch, k, vocab]`` (float32, float16, bfloat16 or float64), unit column stride
-        preferred (other layouts are copied).
-    draft_token_ids : torch.Tensor
-        ``[batch, k]`` int64 or int32; ids outside ``[0, vocab)`` are rejected.
-    bonus_token_ids : torch.Tensor
-        ``[batch]`` or ``[batch, 1]``, emitted when all ``k`` drafts are accepted.
-    uniforms : torch.Tensor
-        ``[batch, k + 1]`` float64: the accept tests, then the residual draw.
-
-    Returns
-    -------
-    VerifyResult
-        ``token_ids [batch, k + 1]`` int64 and ``num_accepted [batch]`` int64.
+    method : str
+        An exact chain method of :func:`specsample.methods.chain_methods`.
 
     Raises
     ------
+    ValueError
+        An unknown ``method``; when called, arguments of the wrong shape or dtype, or on
+        different devices.
     RuntimeError
-        Triton is missing, or the tensors are on the CPU without ``TRITON_INTERPRET=1``.
+        When called: Triton is missing, or the tensors are on the CPU without
+        ``TRITON_INTERPRET=1``.
 
     Examples
     --------
     >>> import torch
     >>> from specsample import kernels
-    >>> from specsample.rules.chain import chain_verify
-    >>> q = torch.tensor([[[0.0, 1.0], [0.5, 0.5]]])
-    >>> p = torch.tensor([[[0.5, 0.5], [0.5, 0.5]]])
-    >>> u = torch.tensor([[0.3, 0.9, 0.5]], dtype=torch.float64)
-    >>> verify = chain_kernel_verify if kernels.supports(q) else chain_verify
-    >>> verify(q, p, torch.tensor([[1, 0]]), torch.tensor([1]), u).token_ids
-    tensor([[1, 0, 1]])
-    """
-    return _padded(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms, 0)
-
-
-def block_kernel_verify(
-    target_probs: torch.Tensor,
-    draft_probs: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    bonus_token_ids: torch.Tensor,
-    uniforms: torch.Tensor,
-) -> VerifyResult:
-    """Block verification in two Triton kernels; same contract as ``block_verify``.
-
-    Same arguments, result and randomness as :func:`specsample.rules.block.block_verify`
-    (the first ``k`` uniforms are the ``eta_i``, the last draws the residual). The first
-    kernel computes the block masses of ``max(w_i q_i - p_i, 0)`` at every position; the
-    second the weights, the accepted length and the draw at row ``tau``.
-
-    Parameters
-    ----------
-    target_probs, draft_probs : torch.Tensor
-        ``[batch, k, vocab]``.
-    draft_token_ids : torch.Tensor
-        ``[batch, k]`` int64 or int32.
-    bonus_token_ids : torch.Tensor
-        ``[batch]`` or ``[batch, 1]``.
-    uniforms : torch.Tensor
-        ``[batch, k + 1]`` float64.
-
-    Returns
-    -------
-    VerifyResult
-        ``token_ids [batch, k + 1]`` int64 and ``num_accepted [batch]`` int64.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from specsample import kernels
-    >>> from specsample.rules.block import block_verify
+    >>> from specsample.rules import block, chain
     >>> q = torch.tensor([[[1 / 3, 2 / 3], [1 / 3, 2 / 3]]])
     >>> p = torch.tensor([[[2 / 3, 1 / 3], [2 / 3, 1 / 3]]])
     >>> u = torch.tensor([[0.9, 0.1, 0.5]], dtype=torch.float64)
-    >>> verify = block_kernel_verify if kernels.supports(q) else block_verify
-    >>> verify(q, p, torch.tensor([[0, 0]]), torch.tensor([1]), u).token_ids
-    tensor([[0, 0, 1]])
+    >>> ids, bonus = torch.tensor([[0, 0]]), torch.tensor([1])
+    >>> for method, reference in (("chain", chain.chain_verify), ("block", block.block_verify)):
+    ...     verify = KernelRule(method) if kernels.supports(q) else reference
+    ...     print(method, verify(q, p, ids, bonus, u).token_ids.tolist())
+    chain [[1, -1, -1]]
+    block [[0, 0, 1]]
     """
-    return _padded(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms, 1)
+
+    def __init__(self, method: str) -> None:
+        self.method = check_method(method, chain_methods())
+
+    def __repr__(self) -> str:
+        return f"KernelRule({self.method!r})"
+
+    def verify(self, step: ChainStep) -> VerifyResult:
+        """The rule's result on ``step``, by the kernel."""
+        launch = _padded_step(step, _rule_id(self.method))
+        if launch is None:
+            ids = step.bonus_token_ids.reshape(step.target_probs.shape[0]).to(torch.int64)
+            return VerifyResult(ids.unsqueeze(-1), torch.zeros_like(ids))
+        return VerifyResult(*_launch(launch))
+
+
+RULES: dict[str, KernelRule] = {method: KernelRule(method) for method in chain_methods()}
+"""The padded probability rules by name, as :class:`specsample.RejectionSampler` names them."""
+
+chain_kernel_verify = RULES["chain"]
+"""Token-by-token verification by the kernel: :func:`specsample.rules.chain.chain_verify`."""
+
+block_kernel_verify = RULES["block"]
+"""Block verification by the kernel: :func:`specsample.rules.block.block_verify`."""
 
 
 def kernel_block_masses(
@@ -192,7 +152,7 @@ def kernel_block_masses(
     uniforms: torch.Tensor,
     method: str = "chain",
 ) -> torch.Tensor:
-    """The block masses the kernels draw the residual from, by the masses kernel alone.
+    """The block masses the kernel draws the residual from, by its masses phase alone.
 
     The kernel computes them as :mod:`specsample.rules.residual` does, operation by
     operation, so that they equal the rule's float32 values (exactly wherever each block's
@@ -206,7 +166,7 @@ def kernel_block_masses(
     Parameters
     ----------
     target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms : torch.Tensor
-        As for :func:`chain_kernel_verify` (the uniforms decide the chain's rejected row).
+        As for :class:`KernelRule` (the uniforms decide the chain's rejected row).
     method : str
         ``"chain"`` or ``"block"``.
 
@@ -221,7 +181,7 @@ def kernel_block_masses(
     Raises
     ------
     ValueError
-        An unknown ``method``, or arguments that :func:`chain_kernel_verify` refuses.
+        An unknown ``method``, or arguments that :class:`KernelRule` refuses.
 
     Examples
     --------
@@ -242,19 +202,12 @@ def kernel_block_masses(
     <BLANKLINE>
             [[0.2500]]])
     """
-    if method not in _RULE_IDS:
-        raise ValueError(f"method must be 'chain' or 'block', got {method!r}")
-    rule = _RULE_IDS[method]
-    step = _padded_step(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms, rule)
+    rule = _rule_id(check_method(method, chain_methods()))
+    step = _padded_step(
+        ChainStep(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms), rule
+    )
     if step is None:
         batch, _, vocab = target_probs.shape
         shape = (2, batch, 1 - rule, -(-vocab // BLOCK))
         return torch.zeros(shape, dtype=torch.float32, device=target_probs.device)
     return _launch_masses(step).permute(2, 0, 1, 3)
-
-
-RULES: dict[str, Callable[..., VerifyResult]] = {
-    "chain": chain_kernel_verify,
-    "block": block_kernel_verify,
-}
-"""The padded probability rules by name, as :class:`specsample.RejectionSampler` names them."""

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import torch
 
-from specsample.rules.chain import check_rule_inputs, emit, gather_drafts
+from specsample.rules.chain import Drafts, ReferenceRule, emit
 from specsample.rules.residual import block_masses, sample_residual
-from specsample.rules.rows import ProbRows, Selection
-from specsample.shared import VerifyResult, flat_rows
+from specsample.rules.rows import PositionRows, Selection
+from specsample.shared import ChainStep, VerifyResult
 
 
 def block_weights(q_at: torch.Tensor, p_at: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -128,17 +128,12 @@ def residual_mass_per_position(
     return masses, masses[1].sum(dim=-1, dtype=torch.float64)
 
 
-def block_verify(
-    target_probs: torch.Tensor,
-    draft_probs: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    bonus_token_ids: torch.Tensor,
-    uniforms: torch.Tensor,
-) -> VerifyResult:
+class BlockRule(ReferenceRule):
     """Verify a chain of ``k`` drafts per sequence by block verification.
 
-    Same arguments, result and checks as :func:`specsample.rules.chain.chain_verify`; the
-    ``k`` uniforms are the ``eta_i``, the last one draws the residual.
+    :data:`block_verify` is the rule. Same arguments, result and checks as
+    :data:`specsample.rules.chain.chain_verify`; the ``k`` uniforms are the ``eta_i``, the
+    last one draws the residual.
 
     Examples
     --------
@@ -146,39 +141,41 @@ def block_verify(
     >>> q = torch.tensor([[[1 / 3, 2 / 3], [1 / 3, 2 / 3]]])
     >>> p = torch.tensor([[[2 / 3, 1 / 3], [2 / 3, 1 / 3]]])
     >>> u = torch.tensor([[0.9, 0.1, 0.5]], dtype=torch.float64)
-    >>> block_verify(q, p, torch.tensor([[0, 0]]), torch.tensor([1]), u).token_ids
-    tensor([[0, 0, 1]])
+    >>> out = block_verify(q, p, torch.tensor([[0, 0]]), torch.tensor([1]), u)
+    >>> out.token_ids, out.num_accepted
+    (tensor([[0, 0, 1]]), tensor([2]))
     """
-    check_rule_inputs(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms)
-    batch, k, vocab = target_probs.shape
-    drafts = gather_drafts(target_probs, draft_probs, draft_token_ids, bonus_token_ids)
-    ids, bonus = drafts.ids, drafts.bonus
-    if k == 0:
-        return VerifyResult(bonus.unsqueeze(-1), torch.zeros_like(bonus))
-    weights = block_weights(drafts.q_at, drafts.p_at, drafts.valid)
 
-    target_rows, target_stride = flat_rows(target_probs)
-    draft_rows, draft_stride = flat_rows(draft_probs)
-    positions = torch.arange(k, device=ids.device)
-    batch_index = torch.arange(batch, device=ids.device).unsqueeze(-1)
-    masses, residual = residual_mass_per_position(
-        ProbRows(target_rows).select((batch_index * target_stride + positions).view(-1)),
-        ProbRows(draft_rows).select((batch_index * draft_stride + positions).view(-1)),
-        weights,
-        vocab,
-    )
-    full = torch.full_like(bonus, k)
-    tau = block_length(weights, residual, full, uniforms[:, :k])
-    at = tau.clamp(max=k - 1)
-    row_masses = masses.gather(2, at.view(1, batch, 1, 1).expand(2, batch, 1, masses.shape[-1]))
-    batch_flat = batch_index.squeeze(-1)
-    drawn = sample_residual(
-        ProbRows(target_rows).select(batch_flat * target_stride + at),
-        uniforms[:, k],
-        vocab,
-        draft=ProbRows(draft_rows).select(batch_flat * draft_stride + at),
-        target_scale=weights.gather(1, at.unsqueeze(-1)).squeeze(-1).to(torch.float32),
-        masses=row_masses.squeeze(2),
-    )
-    last = torch.where(tau == k, bonus, drawn)
-    return VerifyResult(emit(ids, tau, last), tau)
+    def verify_drafts(self, step: ChainStep, drafts: Drafts) -> VerifyResult:
+        """Block verification of ``step``."""
+        target_probs, draft_probs, _, _, uniforms = step
+        batch, k, vocab = target_probs.shape
+        ids, bonus = drafts.ids, drafts.bonus
+        weights = block_weights(drafts.q_at, drafts.p_at, drafts.valid)
+
+        target, draft = PositionRows(target_probs), PositionRows(draft_probs)
+        positions = torch.arange(k, device=ids.device)
+        batch_index = torch.arange(batch, device=ids.device).unsqueeze(-1)
+        masses, residual = residual_mass_per_position(
+            target.at(batch_index, positions), draft.at(batch_index, positions), weights, vocab
+        )
+        full = torch.full_like(bonus, k)
+        tau = block_length(weights, residual, full, uniforms[:, :k])
+        at = tau.clamp(max=k - 1)
+        shape = (2, batch, 1, masses.shape[-1])
+        row_masses = masses.gather(2, at.view(1, batch, 1, 1).expand(shape))
+        batch_flat = batch_index.squeeze(-1)
+        drawn = sample_residual(
+            target.at(batch_flat, at),
+            uniforms[:, k],
+            vocab,
+            draft=draft.at(batch_flat, at),
+            target_scale=weights.gather(1, at.unsqueeze(-1)).squeeze(-1).to(torch.float32),
+            masses=row_masses.squeeze(2),
+        )
+        last = torch.where(tau == k, bonus, drawn)
+        return VerifyResult(emit(ids, tau, last), tau)
+
+
+block_verify = BlockRule()
+"""Block verification of a chain of drafts (:class:`BlockRule`)."""

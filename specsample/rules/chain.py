@@ -10,14 +10,15 @@ emitted. The emitted stream then follows ``q`` exactly.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import NamedTuple
 
 import torch
 
 from specsample.checks import check_chain_inputs, check_step_uniforms, require_tensor
 from specsample.rules.residual import sample_residual
-from specsample.rules.rows import ProbRows
-from specsample.shared import VerifyResult, flat_rows
+from specsample.rules.rows import PositionRows
+from specsample.shared import ChainStep, PaddedRule, VerifyResult
 
 
 def emit(
@@ -60,6 +61,10 @@ class Drafts(NamedTuple):
     valid: torch.Tensor
     q_at: torch.Tensor
     p_at: torch.Tensor
+
+    def bonus_only(self) -> VerifyResult:
+        """The result of a step without drafts (``k = 0``): the bonus token alone."""
+        return VerifyResult(self.bonus.unsqueeze(-1), torch.zeros_like(self.bonus))
 
 
 def gather_drafts(
@@ -129,35 +134,34 @@ def check_rule_inputs(
     check_step_uniforms(uniforms, batch, k + 1, target.device)
 
 
-def chain_verify(
-    target_probs: torch.Tensor,
-    draft_probs: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    bonus_token_ids: torch.Tensor,
-    uniforms: torch.Tensor,
-) -> VerifyResult:
+class ReferenceRule(PaddedRule):
+    """A padded chain rule of :mod:`specsample.rules`, computed from the drafts it gathers.
+
+    :meth:`verify` checks the arguments (:func:`check_rule_inputs`) and gathers the drafts
+    (:func:`gather_drafts`); a step without drafts (``k = 0``) emits its bonus token, any
+    other is verified by :meth:`verify_drafts`.
+    """
+
+    def verify(self, step: ChainStep) -> VerifyResult:
+        """The rule's result on ``step``."""
+        check_rule_inputs(*step)
+        drafts = gather_drafts(*step[:4])
+        if step.target_probs.shape[1] == 0:
+            return drafts.bonus_only()
+        return self.verify_drafts(step, drafts)
+
+    @abstractmethod
+    def verify_drafts(self, step: ChainStep, drafts: Drafts) -> VerifyResult:
+        """The rule's result on ``step`` with ``k > 0`` drafts, gathered as ``drafts``."""
+
+
+class ChainRule(ReferenceRule):
     """Verify a chain of ``k`` drafts per sequence by rejection sampling.
 
-    Parameters
-    ----------
-    target_probs : torch.Tensor
-        ``[batch, k, vocab]`` target probabilities ``q`` at each draft position
-        (float32, float16 or bfloat16; arithmetic in float32 or float64).
-    draft_probs : torch.Tensor
-        ``[batch, k, vocab]`` the draft distributions ``p`` the drafts were sampled from.
-    draft_token_ids : torch.Tensor
-        ``[batch, k]`` int64 drafts. Ids outside ``[0, vocab)`` (such as ``-1`` placeholders)
-        are always rejected.
-    bonus_token_ids : torch.Tensor
-        ``[batch]`` or ``[batch, 1]`` int64, emitted when all ``k`` drafts are accepted.
-    uniforms : torch.Tensor
-        ``[batch, k + 1]`` float64 in ``[0, 1)``: one per accept test, then one for the
-        residual draw.
-
-    Returns
-    -------
-    VerifyResult
-        ``token_ids [batch, k + 1]`` and ``num_accepted [batch]``.
+    :data:`chain_verify` is the rule; it is called as :meth:`PaddedRule.__call__
+    <specsample.shared.PaddedRule.__call__>` documents, with ``target_probs`` and
+    ``draft_probs`` in float32, float16 or bfloat16 (arithmetic in float32 or float64) and
+    ``draft_token_ids`` int64.
 
     Raises
     ------
@@ -174,23 +178,26 @@ def chain_verify(
     >>> chain_verify(q, p, torch.tensor([[1, 0]]), torch.tensor([1]), u).token_ids
     tensor([[1, 0, 1]])
     """
-    check_rule_inputs(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms)
-    batch, k, vocab = target_probs.shape
-    drafts = gather_drafts(target_probs, draft_probs, draft_token_ids, bonus_token_ids)
-    if k == 0:
-        return VerifyResult(drafts.bonus.unsqueeze(-1), torch.zeros_like(drafts.bonus))
-    num_accepted = count_accepted((uniforms[:, :k] * drafts.p_at < drafts.q_at) & drafts.valid)
-    ids, bonus = drafts.ids, drafts.bonus
 
-    position = num_accepted.clamp(max=k - 1)
-    batch_index = torch.arange(batch, device=ids.device)
-    target_rows, target_stride = flat_rows(target_probs)
-    draft_rows, draft_stride = flat_rows(draft_probs)
-    recovered = sample_residual(
-        ProbRows(target_rows).select(batch_index * target_stride + position),
-        uniforms[:, k],
-        vocab,
-        draft=ProbRows(draft_rows).select(batch_index * draft_stride + position),
-    )
-    last = torch.where(num_accepted == k, bonus, recovered)
-    return VerifyResult(emit(ids, num_accepted, last), num_accepted)
+    def verify_drafts(self, step: ChainStep, drafts: Drafts) -> VerifyResult:
+        """Token-by-token verification of ``step``."""
+        target_probs, draft_probs, _, _, uniforms = step
+        batch, k, vocab = target_probs.shape
+        accepted = (uniforms[:, :k] * drafts.p_at < drafts.q_at) & drafts.valid
+        num_accepted = count_accepted(accepted)
+        ids, bonus = drafts.ids, drafts.bonus
+
+        position = num_accepted.clamp(max=k - 1)
+        batch_index = torch.arange(batch, device=ids.device)
+        recovered = sample_residual(
+            PositionRows(target_probs).at(batch_index, position),
+            uniforms[:, k],
+            vocab,
+            draft=PositionRows(draft_probs).at(batch_index, position),
+        )
+        last = torch.where(num_accepted == k, bonus, recovered)
+        return VerifyResult(emit(ids, num_accepted, last), num_accepted)
+
+
+chain_verify = ChainRule()
+"""Token-by-token verification of a chain of drafts (:class:`ChainRule`)."""

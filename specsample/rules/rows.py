@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 
 from specsample.probs import RowStats
-from specsample.shared import unit_columns
+from specsample.shared import flat_rows, unit_columns
 
 
 def _windows(
@@ -78,6 +78,30 @@ class ProbRows:
     def select(self, rows: torch.Tensor) -> Selection:
         """Bind the ``[batch]`` int64 row indices of a step."""
         return _SelectedProbs(self.probs, rows)
+
+
+class PositionRows:
+    """The rows of a ``[batch, k, vocab]`` probability tensor, selected by (sequence, position).
+
+    The tensor is viewed as ``[rows, vocab]`` once (:func:`specsample.shared.flat_rows`, no
+    copy where its strides allow); :meth:`at` selects the row of each ``(b, j)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> probs = torch.tensor([[[0.5, 0.5], [1.0, 0.0]], [[0.0, 1.0], [0.25, 0.75]]])
+    >>> PositionRows(probs).at(torch.tensor([1, 0]), torch.tensor([1, 1])).chunk(0, 2)
+    tensor([[0.2500, 0.7500],
+            [1.0000, 0.0000]])
+    """
+
+    def __init__(self, probs: torch.Tensor) -> None:
+        rows, self.stride = flat_rows(probs)
+        self.rows = ProbRows(rows)
+
+    def at(self, sequence: torch.Tensor, position: torch.Tensor) -> Selection:
+        """The rows of ``(sequence, position)`` (broadcast together), flattened in order."""
+        return self.rows.select((sequence * self.stride + position).reshape(-1))
 
 
 class _SelectedProbs:

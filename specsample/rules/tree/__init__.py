@@ -15,7 +15,9 @@ follows node ``i`` (that is, of node ``i``'s children, conditioned on the path f
 to ``i``), and ``draft_probs[b, i]`` the distribution node ``i``'s children were drawn from.
 
 How the tree was drafted decides the rule, so :func:`tree_verify` always takes the drafting
-mode (``drafting``) and derives the rule from it:
+mode (``drafting``) and derives the rule from it; the modes, their rules and the reasons a
+rule is refused for a mode are in the registry, :data:`specsample.methods.TREE_DRAFTINGS`
+(:func:`specsample.methods.tree_method` derives and checks):
 
 =========================  ============  =========  ==============================================
 ``drafting``               rule          traversal  children of a node
@@ -88,44 +90,32 @@ that depend only on its seed and its absolute position (see
 
 The package is split in :mod:`~specsample.rules.tree.structure` (the tree's bounds, input
 checks, child table and walk), :mod:`~specsample.rules.tree.uniforms` (the step's random
-numbers), :mod:`~specsample.rules.tree.verify` (the top-down rules) and
-:mod:`~specsample.rules.tree.traversal` (traversal verification).
+numbers), :mod:`~specsample.rules.tree.verify` (the top-down rules),
+:mod:`~specsample.rules.tree.traversal` (traversal verification) and
+:mod:`~specsample.rules.tree.traversal_walk` (its post-order walk).
 """
 
+from specsample.methods import Drafting, TreeMethod
 from specsample.rules.tree.structure import tree_bounds
 from specsample.rules.tree.traversal import (
-    TRAVERSAL_DRAFTING,
-    check_traversal_drafting,
+    check_traversal,
     traversal_expected_tokens,
-    traversal_uniforms,
     traversal_verify,
 )
-from specsample.rules.tree.uniforms import TREE_STRIDE, tree_uniforms
-from specsample.rules.tree.verify import (
-    TREE_DRAFTING,
-    TREE_METHODS,
-    Drafting,
-    TreeMethod,
-    tree_method,
-    tree_verify,
-    tree_verify_greedy,
-)
+from specsample.rules.tree.uniforms import TREE_STRIDE, traversal_uniforms, tree_uniforms
+from specsample.rules.tree.verify import tree_verify, tree_verify_greedy
 from specsample.shared import TreeVerifyResult
 
 __all__ = [
-    "TRAVERSAL_DRAFTING",
-    "TREE_DRAFTING",
-    "TREE_METHODS",
     "TREE_STRIDE",
     "Drafting",
     "TreeMethod",
     "TreeVerifyResult",
-    "check_traversal_drafting",
+    "check_traversal",
     "traversal_expected_tokens",
     "traversal_uniforms",
     "traversal_verify",
     "tree_bounds",
-    "tree_method",
     "tree_uniforms",
     "tree_verify",
     "tree_verify_greedy",

@@ -12,18 +12,14 @@ from dataclasses import dataclass
 
 import torch
 
-from specsample.checks import require_data, require_tensor
+from specsample.checks import check_int, require_data, require_tensor
 from specsample.shared import TreeVerifyResult
 
 
 def check_bound(name: str, value: int | None) -> None:
     """Refuse a loop bound that is neither ``None`` nor a non-negative int."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
+    if value is not None:
+        check_int(name, value, 0)
 
 
 def _is_child(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,6 +129,31 @@ def check_tree(
             f"target_probs ({target_probs.device})"
         )
     return target_probs, draft_token_ids, parents
+
+
+def check_draft_probs(draft_probs: object, target_probs: torch.Tensor) -> torch.Tensor:
+    """``draft_probs``: a floating tensor of the shape and device of ``target_probs``.
+
+    Examples
+    --------
+    >>> check_draft_probs(torch.zeros(1, 2, 3), torch.zeros(1, 2, 4))
+    Traceback (most recent call last):
+    ...
+    ValueError: draft_probs must have the shape of target_probs (1, 2, 4), got (1, 2, 3)
+    """
+    draft_probs = require_tensor("draft_probs", draft_probs)
+    if draft_probs.shape != target_probs.shape:
+        raise ValueError(
+            f"draft_probs must have the shape of target_probs {tuple(target_probs.shape)}, "
+            f"got {tuple(draft_probs.shape)}"
+        )
+    if not draft_probs.dtype.is_floating_point:
+        raise TypeError(f"draft_probs must be a floating tensor, got {draft_probs.dtype}")
+    if draft_probs.device != target_probs.device:
+        raise ValueError(
+            f"draft_probs is on {draft_probs.device} but target_probs is on {target_probs.device}"
+        )
+    return draft_probs
 
 
 def resolve_bounds(

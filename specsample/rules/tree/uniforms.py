@@ -3,17 +3,27 @@
 A step of a sequence whose first draft sits at absolute position ``pos`` (the number of
 tokens before it) reads, when counter-seeded, the stripe ``[pos * TREE_STRIDE, (pos + 1) *
 TREE_STRIDE)`` of :attr:`~specsample.random.Stream.TREE_ACCEPT` for its child tests and the
-counter ``pos`` of :attr:`~specsample.random.Stream.TREE_FINAL` for its final draw. A
-sequence's position strictly increases from step to step (every step emits a token), so
-no counter is ever read twice, whatever the tree bounds of each step.
+counter ``pos`` of :attr:`~specsample.random.Stream.TREE_FINAL` for its final draw
+(:func:`tree_uniforms`); traversal verification reads the same stripe of
+:attr:`~specsample.random.Stream.TRAVERSAL`, one number per node
+(:func:`traversal_uniforms`). A sequence's position strictly increases from step to step
+(every step emits a token), so no counter is ever read twice, whatever the tree bounds of
+each step.
+
+A step either draws its numbers from a :class:`~specsample.random.Seeding` at the rows'
+positions (:func:`step_source` checks both) or takes the caller's (:func:`given_uniforms`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
+from specsample.checks import check_step_uniforms, check_uniform_values
 from specsample.random import Seeding, Stream, stripe
 from specsample.rules.tree.structure import check_bound
+from specsample.seeding import check_position_values, check_seeding, positions_from
 
 TREE_STRIDE = 1 << 20
 """Child tests a tree step may read per position: ``max_depth * max_children <= TREE_STRIDE``."""
@@ -78,3 +88,107 @@ def tree_uniforms(
     final = stripe(positions, batch, 1, 1, device)
     drawn = seeding.draw(device, [(Stream.TREE_FINAL, final), (Stream.TREE_ACCEPT, accept)])
     return drawn.roll(-1, dims=1)
+
+
+def traversal_uniforms(
+    seeding: Seeding,
+    num_nodes: int,
+    device: torch.device,
+    positions: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The uniforms of one traversal verification step.
+
+    Column ``i >= 1`` decides the test of node ``i``; column 0 makes the final draw.
+    Counter-seeded rows read :attr:`~specsample.random.Stream.TRAVERSAL` at counter
+    ``pos * TREE_STRIDE + i``, ``pos`` being the row's absolute position; rows that read a
+    generator draw all columns at once, the final draw first.
+
+    Parameters
+    ----------
+    seeding : Seeding
+        Where each row's numbers come from (``seeding.batch`` rows).
+    num_nodes : int
+        Nodes of the tree, the root included: ``1 <= num_nodes <= TREE_STRIDE``.
+    device : torch.device
+        Where the uniforms live.
+    positions : torch.Tensor, optional
+        ``[batch]`` integer absolute position of each row's first draft (default 0).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[batch, num_nodes]`` float64 in ``[0, 1)``.
+
+    Examples
+    --------
+    A seeded row reads counters of its position only: the same seed at another position
+    gives other numbers.
+
+    >>> cpu = torch.device("cpu")
+    >>> seeding = Seeding.build(2, cpu, seeds=[4, 4])
+    >>> u = traversal_uniforms(seeding, 3, cpu, torch.tensor([0, 1]))
+    >>> tuple(u.shape), bool(torch.equal(u[0], u[1]))
+    ((2, 3), False)
+    """
+    if not isinstance(seeding, Seeding):
+        raise TypeError(f"seeding must be a Seeding, got {type(seeding).__name__}")
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int):
+        raise TypeError(f"num_nodes must be an int, got {type(num_nodes).__name__}")
+    if not 1 <= num_nodes <= TREE_STRIDE:
+        raise ValueError(f"num_nodes must lie in [1, TREE_STRIDE = {TREE_STRIDE}], got {num_nodes}")
+    counters = stripe(positions, seeding.batch, num_nodes, TREE_STRIDE, device)
+    return seeding.draw(device, [(Stream.TRAVERSAL, counters)])
+
+
+def step_source(
+    seeding: object,
+    positions: torch.Tensor | Sequence[int] | None,
+    batch: int,
+    device: torch.device,
+    strict: bool,
+) -> tuple[Seeding, torch.Tensor | None]:
+    """Where a step that draws its uniforms reads them: the seeding and the positions.
+
+    ``seeding`` is checked against the batch (``None``: every row on torch's default
+    generator) and ``positions`` validated as ``[batch]`` int64 on ``device`` (their values
+    too with ``strict``, which synchronises).
+
+    Examples
+    --------
+    >>> source, at = step_source(None, [3], 1, torch.device("cpu"), False)
+    >>> source.seeds is None, at.tolist()
+    (True, [3])
+    """
+    source = check_seeding(seeding, batch, device)
+    at = positions_from(positions, batch, device)
+    if strict:
+        check_position_values(at)
+    return source, at
+
+
+def given_uniforms(
+    uniforms: object,
+    seeding: object,
+    shape: tuple[int, int],
+    layout: str,
+    device: torch.device,
+    strict: bool,
+) -> torch.Tensor:
+    """Caller-given uniforms: float64 of ``shape`` on ``device`` (values in strict mode).
+
+    A step takes its uniforms or a ``seeding`` to draw them from, not both; ``layout`` says
+    in the messages what the columns are.
+
+    Examples
+    --------
+    >>> given_uniforms(torch.zeros(1, 2), None, (1, 3), "3 columns", torch.device("cpu"), False)
+    Traceback (most recent call last):
+    ...
+    ValueError: uniforms must have shape (1, 3) (3 columns), got (1, 2)
+    """
+    if seeding is not None:
+        raise ValueError("pass uniforms or a seeding (seeds/generators) to draw them, not both")
+    checked = check_step_uniforms(uniforms, *shape, device, layout=layout)
+    if strict:
+        check_uniform_values(checked)
+    return checked

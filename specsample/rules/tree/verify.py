@@ -1,122 +1,29 @@
-"""The tree verification rules: the choice of a rule for a drafting mode, the sampled walk
-(MSS, RRS, one-hot) and the greedy walk. See :mod:`specsample.rules.tree` for the rules."""
+"""The top-down tree verification rules: the sampled walk (MSS, RRS, one-hot) and the greedy
+walk. See :mod:`specsample.rules.tree` for the rules; the rule a drafting mode calls for
+comes from the registry (:func:`specsample.methods.tree_method`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Literal
+from collections.abc import Sequence
 
 import torch
 
-from specsample.checks import check_flag, check_uniform_values, require_tensor
-from specsample.random import inverse_cdf
+from specsample.checks import check_flag
+from specsample.methods import Drafting, TreeMethod, tree_method
+from specsample.random import Seeding, inverse_cdf
 from specsample.rules.tree.structure import (
     Walk,
+    check_draft_probs,
     check_tree,
     child_table,
     resolve_bounds,
     strict_checks,
 )
-from specsample.rules.tree.uniforms import tree_uniforms
-from specsample.seeding import check_position_values, positions_from, seeding_from
+from specsample.rules.tree.uniforms import given_uniforms, step_source, tree_uniforms
 from specsample.shared import TreeVerifyResult
 
-Drafting = Literal["iid", "without_replacement", "deterministic"]
-TreeMethod = Literal["mss", "rrs", "onehot"]
 
-TREE_DRAFTING: tuple[Drafting, ...] = ("iid", "without_replacement", "deterministic")
-"""Drafting modes :func:`tree_verify` knows."""
-
-TREE_METHODS: tuple[TreeMethod, ...] = ("mss", "rrs", "onehot")
-"""Verification rules :func:`tree_verify` can run."""
-
-_DERIVED = {"iid": "mss", "without_replacement": "rrs", "deterministic": "onehot"}
-
-_BIASED = {
-    ("iid", "rrs"): (
-        "RRS removes each rejected token from the draft distribution, which describes "
-        "children drawn without replacement; i.i.d. children can repeat a token, so the "
-        "output would be biased"
-    ),
-    ("without_replacement", "mss"): (
-        "MSS tests every child against the unchanged draft distribution, but a child drawn "
-        "without replacement follows the draft with its earlier siblings removed, so the "
-        "output would be biased; use the derived rule 'rrs'"
-    ),
-    ("deterministic", "mss"): (
-        "MSS treats each child as a sample from draft_probs, which deterministic children "
-        "(top-k, n-gram, ...) are not; the output would be badly biased (a total variation "
-        "of 0.3 in the first token on small examples); use the derived rule 'onehot'"
-    ),
-    ("deterministic", "rrs"): (
-        "RRS treats each child as a sample from draft_probs, which deterministic children "
-        "(top-k, n-gram, ...) are not; the output would be badly biased; use the derived "
-        "rule 'onehot'"
-    ),
-}
-
-
-def tree_method(drafting: str, method: str | None = None) -> str:
-    """The verification rule for a drafting mode, refusing biased combinations.
-
-    Parameters
-    ----------
-    drafting : str
-        How the children were drafted: one of :data:`TREE_DRAFTING`.
-    method : str, optional
-        An explicit rule (one of :data:`TREE_METHODS`). It must be exact for ``drafting``:
-        the derived rule, or ``"onehot"`` (exact for every drafting mode).
-
-    Returns
-    -------
-    str
-        The rule to run.
-
-    Raises
-    ------
-    TypeError
-        When ``drafting`` or ``method`` is not a string.
-    ValueError
-        For an unknown name, or a rule that is biased for ``drafting`` (the message says why).
-
-    Examples
-    --------
-    >>> tree_method("iid"), tree_method("without_replacement"), tree_method("deterministic")
-    ('mss', 'rrs', 'onehot')
-    >>> tree_method("iid", "onehot")
-    'onehot'
-    >>> tree_method("deterministic", "mss")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    ValueError: method='mss' is biased with drafting='deterministic': MSS treats each child ...
-    """
-    if not isinstance(drafting, str):
-        raise TypeError(
-            f"drafting must be a str, one of {TREE_DRAFTING}, got {type(drafting).__name__}"
-        )
-    if drafting not in _DERIVED:
-        raise ValueError(f"drafting must be one of {TREE_DRAFTING}, got {drafting!r}")
-    if method is None:
-        return _DERIVED[drafting]
-    if not isinstance(method, str):
-        raise TypeError(
-            f"method must be a str, one of {TREE_METHODS}, or None, got {type(method).__name__}"
-        )
-    if method == "traversal":
-        raise ValueError(
-            "method='traversal' has its own entry point, traversal_verify (its uniforms are "
-            "laid out per node); tree_verify runs the top-down rules "
-            f"{TREE_METHODS}"
-        )
-    if method not in TREE_METHODS:
-        raise ValueError(f"method must be one of {TREE_METHODS} or None, got {method!r}")
-    reason = _BIASED.get((drafting, method))
-    if reason is not None:
-        raise ValueError(f"method={method!r} is biased with drafting={drafting!r}: {reason}")
-    return method
-
-
-def _normalized(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+def normalized(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     """``weights / sum(weights)`` per row; ``fallback`` where the sum is not positive and finite."""
     mass = weights.sum(dim=-1, keepdim=True, dtype=torch.float64)
     ok = (mass > 0) & torch.isfinite(mass)
@@ -124,7 +31,7 @@ def _normalized(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     return torch.where(ok, scaled, fallback)
 
 
-def _without(rows: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+def without(rows: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
     """``rows [batch, vocab]`` with column ``token[b]`` of row ``b`` set to zero."""
     return rows.scatter(1, token.unsqueeze(-1), 0.0)
 
@@ -140,11 +47,11 @@ def _test_child(
     """
     q_at = q.gather(1, token.unsqueeze(-1)).squeeze(-1).to(torch.float64)
     if p is None:
-        return u < q_at, _normalized(_without(q, token), q), None
+        return u < q_at, normalized(without(q, token), q), None
     p_at = p.gather(1, token.unsqueeze(-1)).squeeze(-1).to(torch.float64)
-    residual = _normalized((q - p).clamp_(min=0.0), q)
+    residual = normalized((q - p).clamp_(min=0.0), q)
     if method == "rrs":
-        p = _normalized(_without(p, token), torch.zeros_like(p))
+        p = normalized(without(p, token), torch.zeros_like(p))
     return u * p_at < q_at, residual, p
 
 
@@ -210,91 +117,6 @@ def _draft_rows(
     return check_draft_probs(draft_probs, target_probs)
 
 
-def check_draft_probs(draft_probs: object, target_probs: torch.Tensor) -> torch.Tensor:
-    """``draft_probs``: a floating tensor of the shape and device of ``target_probs``.
-
-    Examples
-    --------
-    >>> check_draft_probs(torch.zeros(1, 2, 3), torch.zeros(1, 2, 4))
-    Traceback (most recent call last):
-    ...
-    ValueError: draft_probs must have the shape of target_probs (1, 2, 4), got (1, 2, 3)
-    """
-    draft_probs = require_tensor("draft_probs", draft_probs)
-    if draft_probs.shape != target_probs.shape:
-        raise ValueError(
-            f"draft_probs must have the shape of target_probs {tuple(target_probs.shape)}, "
-            f"got {tuple(draft_probs.shape)}"
-        )
-    if not draft_probs.dtype.is_floating_point:
-        raise TypeError(f"draft_probs must be a floating tensor, got {draft_probs.dtype}")
-    if draft_probs.device != target_probs.device:
-        raise ValueError(
-            f"draft_probs is on {draft_probs.device} but target_probs is on {target_probs.device}"
-        )
-    return draft_probs
-
-
-def _step_uniforms(
-    uniforms: object,
-    batch: int,
-    bounds: tuple[int, int],
-    device: torch.device,
-    *,
-    generator: torch.Generator | None,
-    seeds: torch.Tensor | Sequence[int | None] | None,
-    generators: Mapping[int, torch.Generator] | None,
-    positions: torch.Tensor | Sequence[int] | None,
-    strict: bool,
-) -> torch.Tensor:
-    """The given ``uniforms`` checked, or the step's own drawn: ``[batch, tests + 1]`` float64."""
-    if uniforms is None:
-        seeding = seeding_from(
-            batch, device, seeds=seeds, generators=generators, generator=generator
-        )
-        at = positions_from(positions, batch, device)
-        if strict:
-            check_position_values(at)
-        return tree_uniforms(seeding, *bounds, device, at)
-    if seeds is not None or generators is not None:
-        raise ValueError("pass uniforms or seeds/generators, not both")
-    columns = bounds[0] * bounds[1] + 1
-    layout = "max_depth * max_children + 1 columns"
-    return check_given_uniforms(uniforms, (batch, columns), layout, device, strict)
-
-
-def check_given_uniforms(
-    uniforms: object,
-    shape: tuple[int, int],
-    layout: str,
-    device: torch.device,
-    strict: bool,
-) -> torch.Tensor:
-    """Caller-given tree uniforms: float64 of ``shape`` on ``device`` (values in strict mode).
-
-    ``layout`` says in the message what the columns are.
-
-    Examples
-    --------
-    >>> check_given_uniforms(torch.zeros(1, 2), (1, 3), "3 columns", torch.device("cpu"), False)
-    Traceback (most recent call last):
-    ...
-    ValueError: uniforms must have shape (1, 3) (3 columns), got (1, 2)
-    """
-    uniforms = require_tensor("uniforms", uniforms)
-    if uniforms.shape != shape:
-        raise ValueError(
-            f"uniforms must have shape {shape} ({layout}), got {tuple(uniforms.shape)}"
-        )
-    if uniforms.dtype != torch.float64:
-        raise TypeError(f"uniforms must be float64, got {uniforms.dtype}")
-    if uniforms.device != device:
-        raise ValueError(f"uniforms is on {uniforms.device} but target_probs is on {device}")
-    if strict:
-        check_uniform_values(uniforms)
-    return uniforms
-
-
 def tree_verify(
     target_probs: torch.Tensor,
     draft_token_ids: torch.Tensor,
@@ -306,9 +128,7 @@ def tree_verify(
     max_depth: int | None = None,
     max_children: int | None = None,
     uniforms: torch.Tensor | None = None,
-    generator: torch.Generator | None = None,
-    seeds: torch.Tensor | Sequence[int | None] | None = None,
-    generators: dict[int, torch.Generator] | None = None,
+    seeding: Seeding | None = None,
     positions: torch.Tensor | Sequence[int] | None = None,
     strict: bool = False,
 ) -> TreeVerifyResult:
@@ -336,7 +156,8 @@ def tree_verify(
         ``[batch, N, vocab]``: row ``i`` is the distribution node ``i``'s children were drawn
         from. Required for ``"iid"`` and ``"without_replacement"``; unused by ``"onehot"``.
     method : {"mss", "rrs", "onehot"}, optional
-        Explicit rule; must be exact for ``drafting`` (see :func:`tree_method`).
+        Explicit rule; must be exact for ``drafting`` (see
+        :func:`specsample.methods.tree_method`).
     max_depth, max_children : int, optional
         Loop bounds: the depth of the deepest node and the most children of any node.
         When omitted they are read from ``parents`` if it is a host tensor, and otherwise
@@ -346,18 +167,12 @@ def tree_verify(
     uniforms : torch.Tensor, optional
         ``[batch, max_depth * max_children + 1]`` float64 in ``[0, 1)`` on the device of
         ``target_probs``, laid out as by :func:`tree_uniforms`; drawn when omitted.
-    generator : torch.Generator, optional
-        Randomness of the requests with neither a seed nor a generator of their own (when
-        ``uniforms`` is omitted; torch's default generator when ``None``).
-    seeds : torch.Tensor or sequence of (int or None), optional
-        ``[batch]`` per-request seeds: an int64 or int32 tensor (negative: not seeded) on
-        the CPU or the device of ``target_probs``, or host ints in ``[0, 2**64)`` (``None``
-        or -1: not seeded). A seeded request's output depends only on its seed, its
-        position and its own rows.
-    generators : dict of int to torch.Generator, optional
-        Per-request generators (vLLM's ``seeded_seqs``): request ``i`` draws all its numbers
-        from ``generators[i]``, so its output does not depend on the other requests. A
-        request listed here must not also have a seed.
+    seeding : specsample.random.Seeding, optional
+        Where each request's numbers come from when ``uniforms`` is omitted, built for the
+        batch by :func:`specsample.seeding.seeding_from` from per-request seeds (a seeded
+        request's output depends only on its seed, its position and its own rows),
+        per-request generators (vLLM's ``seeded_seqs``) and a shared generator. ``None``:
+        every request on torch's default generator. Not with ``uniforms``.
     positions : torch.Tensor or sequence of int, optional
         ``[batch]`` absolute position of each request's first draft (the number of tokens
         before it; default 0), in ``[0, 2**40)``: host ints, or an int64 or int32 tensor on
@@ -394,7 +209,9 @@ def tree_verify(
     >>> tokens = torch.tensor([[-1, 2, 1, 0]])
     >>> target = torch.tensor([[[0.0, 1.0, 0.0], [1.0, 0.0, 0.0],
     ...                         [0.0, 0.0, 1.0], [0.0, 1.0, 0.0]]])
-    >>> out = tree_verify(target, tokens, parents, drafting="deterministic", seeds=[7])
+    >>> from specsample.seeding import seeding_from
+    >>> seeding = seeding_from(1, torch.device("cpu"), seeds=[7])
+    >>> out = tree_verify(target, tokens, parents, drafting="deterministic", seeding=seeding)
     >>> out.path.tolist(), out.token_ids.tolist(), out.num_emitted.tolist()
     ([[0, 2, -1]], [[1, 2, -1]], [2])
 
@@ -412,17 +229,14 @@ def tree_verify(
     bounds = resolve_bounds(parents, max_depth, max_children)
     if strict:
         strict_checks(target_probs, draft_token_ids, parents, checked_draft)
-    drawn = _step_uniforms(
-        uniforms,
-        target_probs.shape[0],
-        bounds,
-        target_probs.device,
-        generator=generator,
-        seeds=seeds,
-        generators=generators,
-        positions=positions,
-        strict=strict,
-    )
+    batch, device = target_probs.shape[0], target_probs.device
+    if uniforms is None:
+        source, at = step_source(seeding, positions, batch, device, strict)
+        drawn = tree_uniforms(source, *bounds, device, at)
+    else:
+        columns = (batch, bounds[0] * bounds[1] + 1)
+        layout = "max_depth * max_children + 1 columns"
+        drawn = given_uniforms(uniforms, seeding, columns, layout, device, strict)
     return _verify(target_probs, draft_token_ids, parents, checked_draft, rule, *bounds, drawn)
 
 
