@@ -6,7 +6,9 @@ backend of :mod:`specsample.backends` executes it):
 * :class:`RejectionSampler`, a drop-in ``nn.Module`` on ``[batch, k, vocab]`` probabilities
   (and :class:`TypicalAcceptanceSampler`, the LOSSY typical rule with the same interface);
 * :func:`verify`, the functional API engines call on flattened, ragged target logits with
-  per-request sampling parameters (and :func:`verify_padded` for ``[batch, k + 1, vocab]``).
+  per-request sampling parameters (and :func:`verify_padded` for ``[batch, k + 1, vocab]``),
+  and :func:`verify_tree` for token trees; what each request asks travels as keywords or as
+  one validated :class:`Requests` (built from :class:`SamplingParams`).
 
 The verification methods are listed once, in :mod:`specsample.methods`.
 
@@ -16,9 +18,11 @@ harness that proves it (and can test any verifier with the same signature);
 :mod:`specsample.stats` holds the counters and metrics.
 """
 
-from specsample.api import VerifyOutput, verify, verify_padded
+from specsample.api import VerifyOutput, verify, verify_padded, verify_tree
 from specsample.backends import BACKENDS
+from specsample.metadata import BatchLayout
 from specsample.methods import METHODS
+from specsample.params import Requests, SamplingParams
 from specsample.rules import VerifyResult, chain_verify
 from specsample.sampler import RejectionSampler, TypicalAcceptanceSampler
 from specsample.stats import VerificationStats, expected_acceptance
@@ -26,7 +30,10 @@ from specsample.stats import VerificationStats, expected_acceptance
 __all__ = [
     "BACKENDS",
     "METHODS",
+    "BatchLayout",
     "RejectionSampler",
+    "Requests",
+    "SamplingParams",
     "TypicalAcceptanceSampler",
     "VerificationStats",
     "VerifyOutput",
@@ -35,6 +42,7 @@ __all__ = [
     "expected_acceptance",
     "verify",
     "verify_padded",
+    "verify_tree",
 ]
 
 __version__ = "0.1.0"

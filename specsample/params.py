@@ -8,8 +8,9 @@ the steps of an unchanged batch: the sampling metadata the target rows are proce
 (:class:`specsample.random.Seeding`) and each request's absolute position, which moves from
 step to step (:meth:`Requests.at`) without validating the rest again.
 
-The draft layout (how many drafts each request has) is the other object a step needs:
-:class:`specsample.metadata.BatchLayout` for chains, a ``parents`` table for trees.
+The draft layout is the other object a step needs: how many drafts each request has
+(:class:`specsample.metadata.BatchLayout`, for chains), or the tree they form
+(:class:`DraftTree`).
 
 Examples
 --------
@@ -26,10 +27,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
+from typing import NamedTuple
 
 import torch
 
+from specsample.checks import check_int, require_tensor
 from specsample.metadata import SamplingMetadata, Scalars
+from specsample.methods import tree_draftings
 from specsample.random import Seeding
 from specsample.seeding import positions_from, seeding_from
 
@@ -78,7 +82,10 @@ class SamplingParams:
     @staticmethod
     def names() -> tuple[str, ...]:
         """The field names: the keyword arguments the thin wrappers forward here."""
-        return tuple(f.name for f in fields(SamplingParams))
+        return _NAMES
+
+
+_NAMES = tuple(f.name for f in fields(SamplingParams))
 
 
 @dataclass(frozen=True)
@@ -165,3 +172,54 @@ class Requests:
         Nothing is validated again: the loop moves an unchanged batch along this way.
         """
         return replace(self, positions=positions)
+
+
+class DraftTree(NamedTuple):
+    """The draft layout of a tree step: build it with :meth:`build`.
+
+    Attributes
+    ----------
+    parents : torch.Tensor
+        ``[batch, nodes]`` (or ``[nodes]``, shared by every request) int64 parent of each
+        node, smaller than its index; ``-1`` for the root (node 0) and for padding.
+    drafting : str
+        How the children were drafted (one of :func:`specsample.methods.tree_draftings`).
+    max_depth, max_children : int or None
+        Loop bounds: the deepest level and the most children tried per node (``None``:
+        from the tree).
+
+    Examples
+    --------
+    >>> tree = DraftTree.build(torch.tensor([-1, 0, 0, 1]), "iid", max_depth=2)
+    >>> tree.drafting, tree.max_depth
+    ('iid', 2)
+    """
+
+    parents: torch.Tensor
+    drafting: str
+    max_depth: int | None = None
+    max_children: int | None = None
+
+    @staticmethod
+    def build(
+        parents: torch.Tensor,
+        drafting: str,
+        *,
+        max_depth: int | None = None,
+        max_children: int | None = None,
+    ) -> DraftTree:
+        """Check the layout's own arguments (the rules check ``parents`` against the nodes).
+
+        Raises
+        ------
+        TypeError, ValueError
+            ``parents`` not a tensor, an unknown ``drafting``, a bound that is not an int
+            ``>= 0`` (the message names it).
+        """
+        require_tensor("parents", parents)
+        if not isinstance(drafting, str) or drafting not in tree_draftings():
+            raise ValueError(f"drafting must be one of {tree_draftings()}, got {drafting!r}")
+        for name, bound in (("max_depth", max_depth), ("max_children", max_children)):
+            if bound is not None:
+                check_int(name, bound, 0)
+        return DraftTree(parents, drafting, max_depth, max_children)

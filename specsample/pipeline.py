@@ -1,59 +1,40 @@
 """One verification pipeline: plan a step, then let a backend execute it.
 
 Every entry point (:class:`specsample.RejectionSampler`, :func:`specsample.verify`,
-:func:`specsample.verify_padded`, the generation loop) goes through here:
+:func:`specsample.verify_padded`, :func:`specsample.verify_tree`, and through them the
+generation loop) goes through here:
 
-1. **plan** (:func:`plan_logits`): the batch layout and the sampling metadata (built by the
-   caller), the statistics of every target row (:mod:`specsample.probs`), and the uniforms
-   of the step (:mod:`specsample.random`), or those the caller gives;
-2. **execute** (:func:`run_logits`, :func:`run_probs`): a backend
-   (:mod:`specsample.backends`) accepts a prefix of the drafts and draws one more token;
+1. **plan** (:func:`plan_logits`): the batch layout and the requests (built and validated by
+   the caller, :class:`specsample.params.Requests`), the statistics of every target row
+   (:mod:`specsample.probs`), and the uniforms of the step (:mod:`specsample.random`), or
+   those the caller gives;
+2. **execute** (:func:`run_logits`, :func:`run_typical`, :func:`run_tree`, :func:`run_probs`):
+   a backend (:func:`specsample.backends.get`) accepts a prefix of the drafts, or a path of
+   a tree, and draws one more token; :func:`emitted_logprobs` reads log-probabilities
+   through the same backend.
 
 Nothing here synchronises with the device.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
 from specsample import backends
 from specsample.checks import check_step_uniforms
-from specsample.metadata import BatchLayout, SamplingMetadata
-from specsample.probs import RowStats, sampling_stats
+from specsample.metadata import BatchLayout
+from specsample.params import Requests
+from specsample.plan import LogitsStep, Plan, TreeStep
+from specsample.probs import sampling_stats
 from specsample.random import Seeding, step_uniforms
-from specsample.shared import VerifyResult
-
-
-class Plan(NamedTuple):
-    """A planned verification step on flattened target logits.
-
-    Attributes
-    ----------
-    layout : BatchLayout
-        The ragged layout.
-    stats : RowStats
-        ``[rows]`` statistics of the processed target rows.
-    greedy : torch.Tensor
-        ``[batch]`` bool greedy requests.
-    uniforms : torch.Tensor or None
-        ``[batch, max_drafts + 1]`` float64 uniforms; ``None`` when every request is greedy.
-    """
-
-    layout: BatchLayout
-    stats: RowStats
-    greedy: torch.Tensor
-    uniforms: torch.Tensor | None
+from specsample.shared import TreeVerifyResult, VerifyResult
 
 
 def plan_logits(
     target_logits: torch.Tensor,
     layout: BatchLayout,
-    sampling: SamplingMetadata,
-    seeding: Seeding,
+    requests: Requests,
     *,
-    positions: torch.Tensor | None = None,
     uniforms: torch.Tensor | None = None,
     need_norm: bool = False,
 ) -> Plan:
@@ -65,17 +46,14 @@ def plan_logits(
         ``[rows, vocab]`` flattened target logits.
     layout : BatchLayout
         The ragged layout of the rows.
-    sampling : SamplingMetadata
-        ``[batch]`` per-request parameters.
-    seeding : Seeding
-        Where each request's random numbers come from.
-    positions : torch.Tensor, optional
-        ``[batch]`` int64 absolute position of each request's first draft.
+    requests : Requests
+        ``[batch]`` per-request parameters, random sources and positions.
     uniforms : torch.Tensor, optional
         ``[batch, max_drafts + 1]`` float64 uniforms to use instead of drawing them.
     need_norm : bool
         Compute the normalisers even when every request is greedy (for log-probabilities).
     """
+    sampling = requests.sampling
     per_row = sampling.rows(layout.target_request())
     stats = sampling_stats(target_logits, per_row, need_norm=need_norm or not sampling.all_greedy)
     device = target_logits.device
@@ -84,27 +62,17 @@ def plan_logits(
         if sampling.all_greedy:
             uniforms = None
     elif not sampling.all_greedy:
-        uniforms = step_uniforms(seeding, layout.max_drafts, device, positions)
+        uniforms = step_uniforms(requests.seeding, layout.max_drafts, device, requests.positions)
     return Plan(layout, stats, sampling.greedy, uniforms)
 
 
-def run_logits(
-    target_logits: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    plan: Plan,
-    *,
-    backend: str,
-    method: str,
-    draft_probs: torch.Tensor | None = None,
-    draft_logits: torch.Tensor | None = None,
-    bonus_token_ids: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Execute a planned step on a concrete backend: ``(token_ids, num_accepted)``.
+def run_logits(step: LogitsStep, *, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Execute a planned chain or block step on a concrete backend:
+    ``(token_ids, num_accepted)``.
 
-    ``bonus_token_ids`` (``[batch]`` int64) is given when the target rows hold the draft
-    positions only (no bonus rows).
+    A step whose bonus tokens are given and that has no draft at all emits them directly.
     """
-    layout = plan.layout
+    layout, bonus_token_ids = step.plan.layout, step.bonus_token_ids
     if bonus_token_ids is not None and not layout.total_drafts:
         tokens = torch.full(
             (layout.batch, layout.max_drafts + 1),
@@ -114,20 +82,7 @@ def run_logits(
         )
         tokens[:, 0] = bonus_token_ids.view(-1)
         return tokens, torch.zeros(layout.batch, dtype=torch.int64, device=tokens.device)
-    step = backends.logits_step(backend)
-    token_ids, num_accepted = step(
-        target_logits,
-        draft_token_ids,
-        layout,
-        plan.stats,
-        plan.greedy,
-        plan.uniforms,
-        draft_probs=draft_probs,
-        draft_logits=draft_logits,
-        method=method,
-        bonus_token_ids=bonus_token_ids,
-    )
-    return token_ids, num_accepted
+    return backends.get(backend).verify_logits(step)
 
 
 def run_probs(
@@ -153,5 +108,40 @@ def run_probs(
         uniforms = step_uniforms(seeding, k, device, positions)
     else:
         uniforms = check_step_uniforms(uniforms, batch, k + 1, device)
-    rule = backends.prob_rule(backend, method)
+    rule = backends.get(backend).prob_rule(method)
     return rule(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms)
+
+
+def run_typical(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    layout: BatchLayout,
+    requests: Requests,
+    *,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Execute a typical-acceptance step (LOSSY): ``(token_ids, num_accepted)``.
+
+    The rule needs no uniforms and reads whole processed rows, so its plan is the
+    requests' parameters alone.
+    """
+    return backends.get(backend).typical(target_logits, draft_token_ids, layout, requests.sampling)
+
+
+def run_tree(step: TreeStep, *, backend: str) -> TreeVerifyResult:
+    """Execute a tree step on a concrete backend. Its plan is the requests' processing,
+    which the backend applies to the rows it reads, and the uniforms the rule draws."""
+    return backends.get(backend).tree(step)
+
+
+def emitted_logprobs(
+    target_logits: torch.Tensor, plan: Plan, token_ids: torch.Tensor, *, backend: str
+) -> torch.Tensor:
+    """``[batch, max_drafts + 1]`` float32 ``log q`` of each emitted token at its own target
+    row (the plan's statistics); NaN at padding."""
+    layout = plan.layout
+    cols = torch.arange(token_ids.shape[-1], device=token_ids.device)
+    rows = (layout.target_start.unsqueeze(-1) + cols).clamp_(max=target_logits.shape[0] - 1)
+    log_q = backends.get(backend).log_q
+    logprobs = log_q(target_logits, plan.stats, rows, token_ids.clamp(min=0))
+    return logprobs.masked_fill_(token_ids < 0, torch.nan)

@@ -20,7 +20,8 @@ import torch
 from specsample import RejectionSampler, TypicalAcceptanceSampler, metadata, verify, verify_padded
 from specsample.rules.block import block_verify
 from specsample.rules.chain import chain_verify
-from specsample.rules.tree import tree_verify
+from specsample.rules.tree import TreeVerifyResult, tree_verify
+from specsample.seeding import seeding_from
 
 B, K, V, NODES = 2, 3, 5, 4
 META = torch.device("meta")
@@ -67,6 +68,17 @@ def _tree_args() -> dict[str, Any]:
     }
 
 
+def _tree_verify(**arguments: Any) -> TreeVerifyResult:
+    """:func:`tree_verify` with its seeding built by the caller from seeds and generators."""
+    randomness = {
+        n: arguments.pop(n) for n in ("seeds", "generators", "generator") if n in arguments
+    }
+    if randomness:
+        target = arguments["target_probs"]
+        arguments["seeding"] = seeding_from(target.shape[0], target.device, **randomness)
+    return tree_verify(**arguments)
+
+
 def run(entry: str, strict: bool, /, **changes: Any) -> Any:
     """Call ``entry`` on valid arguments with ``changes``, in strict or default mode."""
     if entry == "sampler":
@@ -76,7 +88,7 @@ def run(entry: str, strict: bool, /, **changes: Any) -> Any:
     calls: dict[str, tuple[Callable[..., Any], Callable[[], dict[str, Any]]]] = {
         "verify": (verify, _verify_args),
         "padded": (verify_padded, _padded_args),
-        "tree": (tree_verify, _tree_args),
+        "tree": (_tree_verify, _tree_args),
     }
     call, args = calls[entry]
     return call(**{**args(), "strict": strict, **changes})
@@ -241,8 +253,8 @@ ROWS: list[tuple[Any, ...]] = [
     ("sampler", "bonus_token_ids", "list", [1, 2], TE, "must be a torch.Tensor"),
     ("sampler", "bonus_token_ids", "float", torch.tensor([[1.0], [2.0]]), TE, "must be int64"),
     ("sampler", "bonus_token_ids", "meta", torch.tensor([[1], [2]]).to(META), VE, "is on meta"),
-    ("verify", "method", "1", 1, TE, r"must be a str, one of \('chain', 'block'\)"),
-    ("verify", "method", "name", "tree", VE, r"must be one of \('chain', 'block'\)"),
+    ("verify", "method", "1", 1, TE, r"must be a str, one of \('chain', 'block', 'typical'\)"),
+    ("verify", "method", "name", "tree", VE, r"must be one of \('chain', 'block', 'typical'\)"),
     ("sampler", "method", "1", 1, TE, "must be a str"),
     ("sampler", "method", "name", "mss", VE, "must be one of"),
     ("tree", "method", "1", 1, TE, "must be a str, one of"),

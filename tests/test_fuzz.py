@@ -32,10 +32,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specsample import RejectionSampler, TypicalAcceptanceSampler, verify, verify_padded
-from specsample.methods import chain_methods
+from specsample.api import VerifyOptions
+from specsample.methods import chain_methods, tree_draftings
 from specsample.rules.block import block_verify
 from specsample.rules.chain import chain_verify
-from specsample.rules.tree import TREE_DRAFTING, tree_verify, tree_verify_greedy
+from specsample.rules.tree import tree_verify, tree_verify_greedy
+from specsample.seeding import seeding_from
 
 SCALE = settings().max_examples / 100
 
@@ -55,8 +57,11 @@ def _one_thread() -> Iterator[None]:
 
 
 def _names(*functions: Callable[..., object]) -> tuple[str, ...]:
+    """The argument names the functions take, their keyword options expanded."""
     params = [inspect.signature(f).parameters for f in functions]
-    return tuple(n for p in params for n in p if n not in ("self", "kwargs"))
+    named = tuple(n for p in params for n in p if n not in ("self", "kwargs", "options"))
+    expanded = (tuple(VerifyOptions.__annotations__) for f in functions if f is verify)
+    return named + tuple(n for names in expanded for n in names)
 
 
 SAMPLER_NAMES = _names(RejectionSampler.__init__, RejectionSampler.forward)
@@ -64,7 +69,9 @@ TYPICAL_NAMES = _names(TypicalAcceptanceSampler.__init__, TypicalAcceptanceSampl
 VERIFY_NAMES = _names(verify)
 PADDED_NAMES = _names(verify_padded, verify)
 RULE_NAMES = _names(chain_verify)
-TREE_NAMES = _names(tree_verify)
+TREE_RANDOMNESS = ("seeds", "generators", "generator")
+"""What the caller of :func:`tree_verify` builds its ``seeding`` from."""
+TREE_NAMES = (*_names(tree_verify), *TREE_RANDOMNESS)
 GREEDY_NAMES = _names(tree_verify_greedy)
 
 Shape = tuple[int, ...]
@@ -1174,7 +1181,7 @@ def _tree_strict(case: Case, rule: str) -> None:
 @st.composite
 def tree_cases(draw: st.DrawFn) -> Case:
     case = draw(tree_inputs(probs=True))
-    drafting = draw(st.sampled_from(TREE_DRAFTING))
+    drafting = draw(st.sampled_from(tree_draftings()))
     method = draw(st.sampled_from((None, DERIVED[drafting], "onehot")))
     if (method or DERIVED[drafting]) != "onehot" or draw(st.booleans()):
         shape, dtype = case.tensors["target_probs"].shape, draw(st.sampled_from(DTYPES))
@@ -1212,11 +1219,24 @@ def check_tree(case: Case, out: Any) -> list[list[int]]:
     return paths
 
 
+def _call_tree(batch: int) -> Callable[[dict[str, Any]], object]:
+    """Call :func:`tree_verify` with the seeding built from the seeds and generators drawn."""
+    tree = _call(tree_verify, *TREE_INPUTS)
+
+    def call(inputs: dict[str, Any]) -> object:
+        randomness = {n: inputs.pop(n) for n in TREE_RANDOMNESS if n in inputs}
+        if randomness:
+            inputs["seeding"] = seeding_from(batch, torch.device("cpu"), **randomness)
+        return tree(inputs)
+
+    return call
+
+
 @budget(900)
 @given(tree_cases())
 def test_tree_verify(case: Case) -> None:
     """``tree_verify``: every drafting mode and allowed rule, bounds, seeds, strict."""
-    outcome: Any = run_both(TREE_NAMES, case, _call(tree_verify, *TREE_INPUTS))
+    outcome: Any = run_both(TREE_NAMES, case, _call_tree(case.info["batch"]))
     if isinstance(outcome, Refused):
         return
     paths = check_tree(case, outcome)

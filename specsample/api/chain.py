@@ -25,13 +25,12 @@ Every call runs the pipeline of :mod:`specsample.pipeline` on the backend of
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from specsample import backends, pipeline
-from specsample.backends.eager import log_q
+from specsample.api.options import VerifyOptions, check_names, requests_from
 from specsample.checks import (
     check_backend,
     check_flag,
@@ -43,15 +42,16 @@ from specsample.checks import (
     require_data,
     require_tensor,
 )
-from specsample.metadata import BatchLayout, SamplingMetadata, Scalars
+from specsample.metadata import BatchLayout
 from specsample.methods import chain_methods, check_method
-from specsample.probs import RowStats
+from specsample.params import Ints, Requests
+from specsample.plan import LogitsStep, Plan
 from specsample.random import STEP_STRIDE
-from specsample.seeding import check_position_values, positions_from, seeding_from
+from specsample.seeding import check_position_values
 from specsample.shared import unit_columns
 
-Ints = Sequence[int] | torch.Tensor
-Seeds = Sequence[int | None] | torch.Tensor
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class VerifyOutput(NamedTuple):
@@ -82,25 +82,17 @@ class VerifyOutput(NamedTuple):
 def verify(
     target_logits: torch.Tensor,
     draft_token_ids: torch.Tensor,
-    num_draft_tokens: Ints,
+    num_draft_tokens: Ints | BatchLayout,
     *,
     draft_probs: torch.Tensor | None = None,
     draft_logits: torch.Tensor | None = None,
     bonus_token_ids: torch.Tensor | None = None,
-    temperature: Scalars = 1.0,
-    top_k: Scalars = None,
-    top_p: Scalars = None,
-    min_p: Scalars = None,
-    seeds: Seeds | None = None,
-    generators: Mapping[int, torch.Generator] | None = None,
-    positions: Ints | None = None,
-    generator: torch.Generator | None = None,
+    requests: Requests | None = None,
     method: str = "chain",
     backend: str = "auto",
-    uniforms: torch.Tensor | None = None,
-    max_draft_tokens: int | None = None,
     return_logprobs: bool = False,
     strict: bool = False,
+    **options: Unpack[VerifyOptions],
 ) -> VerifyOutput:
     """Verify the drafts of a flattened, ragged batch from target logits.
 
@@ -113,10 +105,11 @@ def verify(
     draft_token_ids : torch.Tensor
         ``[total_drafts]`` int64 or int32 drafts, request after request. Ids outside
         ``[0, vocab)`` are rejected.
-    num_draft_tokens : sequence of int or tensor
+    num_draft_tokens : sequence of int, tensor, or BatchLayout
         ``[batch]`` drafts per request, each in ``[0, 255]``: host ints, an integer CPU
         tensor, or an integer tensor on the batch's device together with
-        ``max_draft_tokens`` (the sum is ``draft_token_ids``' length).
+        ``max_draft_tokens`` (the sum is ``draft_token_ids``' length); or the layout itself,
+        built once (:meth:`specsample.metadata.BatchLayout.build`) and reused.
     draft_probs : torch.Tensor, optional
         ``[total_drafts, vocab]`` the distributions the drafts were sampled from.
     draft_logits : torch.Tensor, optional
@@ -126,45 +119,56 @@ def verify(
         ``[batch]`` or ``[batch, 1]`` int64 tokens already sampled from each request's bonus
         position; emitted when all its drafts are accepted (then ``target_logits`` has no
         bonus rows).
-    temperature, top_k, top_p, min_p : scalar, sequence or tensor
-        Per-request sampling parameters: temperature finite and >= 0 (0 = greedy), top_k
-        an integer in ``[0, 2**63)`` (0 = off; a tensor of an integer dtype), top_p in
-        (0, 1] (1 = off), min_p in [0, 1] (0 = off). A real number (not a bool), one per
-        request, or a scalar or ``[batch]`` tensor. Host values (CPU tensors included) are
-        validated; tensors on the batch's device are used without synchronising (checked
-        only with ``strict``); tensors elsewhere are refused.
-    seeds : sequence of (int or None), or tensor, optional
-        ``[batch]`` per-request seeds: host ints in ``[0, 2**64)`` (None or -1: unseeded), or
-        an int64 or int32 tensor (negative: unseeded) on the CPU or the batch's device. A
-        seeded request's output depends only on its seed, its ``positions`` entry and its
-        own rows: not on its index or on the other requests.
-    generators : dict of int to torch.Generator, optional
-        Per-request generators (vLLM's ``generators``): request ``i`` draws all its numbers
-        from ``generators[i]``.
-    positions : sequence of int or tensor, optional
-        ``[batch]`` absolute position of each request's first draft in its sequence (the
-        number of tokens before it; default 0), in ``[0, 2**40)``: host ints or an int64 or
-        int32 tensor on the CPU or the batch's device. A seeded step reads the counters of its
-        position's stripe (see :mod:`specsample.random`), so counters never repeat along a
-        sequence whatever draft count each step uses.
-    generator : torch.Generator, optional
-        Randomness for the other requests; only they consume it.
+    requests : Requests, optional
+        What every request asks, validated once (:meth:`specsample.params.Requests.build`):
+        sampling parameters, random sources and positions. Exclusive with the sampling
+        keywords below.
     method : str
-        Verification rule, one of :func:`specsample.methods.chain_methods`.
+        Verification rule, one of :func:`specsample.methods.chain_methods` ``(lossy=True)``;
+        ``"typical"`` (Medusa's typical acceptance) is LOSSY and needs the bonus rows.
     backend : str
         ``"auto"``, ``"torch"`` or ``"triton"`` (see :mod:`specsample.backends`).
-    uniforms : torch.Tensor, optional
-        ``[batch, max_drafts + 1]`` float64 uniforms to use instead of drawing them (the
-        ``max_drafts`` accept tests, then the final draw).
-    max_draft_tokens : int, optional
-        Host-side maximum of ``num_draft_tokens``, in ``[0, 255]``: the output has
-        ``max_draft_tokens + 1`` columns. Required when the counts are a tensor on an
-        accelerator.
     return_logprobs : bool
         Also return the log-probabilities of the emitted tokens (needs the bonus rows).
     strict : bool
         Also check values (NaN logits, ids out of range, device counts, parameters,
         positions and given uniforms); this synchronises with the device.
+    **options
+        Keywords of :class:`specsample.api.options.VerifyOptions`:
+
+        ``temperature``, ``top_k``, ``top_p``, ``min_p`` (scalar, sequence or tensor):
+        per-request sampling parameters: temperature finite and >= 0 (0 = greedy), top_k
+        an integer in ``[0, 2**63)`` (0 = off; a tensor of an integer dtype), top_p in
+        (0, 1] (1 = off), min_p in [0, 1] (0 = off). A real number (not a bool), one per
+        request, or a scalar or ``[batch]`` tensor. Host values (CPU tensors included) are
+        validated; tensors on the batch's device are used without synchronising (checked
+        only with ``strict``); tensors elsewhere are refused.
+
+        ``seeds`` (sequence of int or None, or tensor): ``[batch]`` per-request seeds:
+        host ints in ``[0, 2**64)`` (None or -1: unseeded), or an int64 or int32 tensor
+        (negative: unseeded) on the CPU or the batch's device. A seeded request's output
+        depends only on its seed, its ``positions`` entry and its own rows: not on its
+        index or on the other requests.
+
+        ``generators`` (dict of int to torch.Generator): per-request generators (vLLM's
+        ``generators``): request ``i`` draws all its numbers from ``generators[i]``.
+
+        ``generator`` (torch.Generator): randomness for the other requests; only they
+        consume it.
+
+        ``positions`` (sequence of int or tensor): ``[batch]`` absolute position of each
+        request's first draft in its sequence (the number of tokens before it; default 0),
+        in ``[0, 2**40)``: host ints or an int64 or int32 tensor on the CPU or the batch's
+        device. A seeded step reads the counters of its position's stripe (see
+        :mod:`specsample.random`), so counters never repeat along a sequence whatever draft
+        count each step uses. Also allowed beside ``requests`` (it moves them).
+
+        ``uniforms`` (tensor): ``[batch, max_drafts + 1]`` float64 uniforms to use instead
+        of drawing them (the ``max_drafts`` accept tests, then the final draw).
+
+        ``max_draft_tokens`` (int): host-side maximum of ``num_draft_tokens``, in
+        ``[0, 255]``: the output has ``max_draft_tokens + 1`` columns. Required when the
+        counts are a tensor on an accelerator.
 
     Returns
     -------
@@ -187,59 +191,69 @@ def verify(
     >>> out.token_ids.tolist(), out.num_emitted.tolist()
     ([[1, 0, 1], [0, -1, -1]], [3, 1])
     """
+    check_names("verify", options, VerifyOptions.__annotations__)
     target_logits = require_tensor("target_logits", target_logits)
     draft_token_ids = require_tensor("draft_token_ids", draft_token_ids)
     _check_options(method, backend, strict, return_logprobs)
     check_logits_tensors(target_logits, draft_token_ids)
     target_logits = unit_columns(target_logits)
     chosen = backends.resolve(backend, target_logits)
-    device = target_logits.device
+    needs_bonus_rows = "method='typical'" if method == "typical" else None
+    if return_logprobs:
+        needs_bonus_rows = "return_logprobs"
     layout, bonus = _layout(
         target_logits,
         draft_token_ids,
         num_draft_tokens,
         bonus_token_ids,
-        max_draft_tokens,
-        return_logprobs,
+        options.get("max_draft_tokens"),
+        needs_bonus_rows,
     )
     drafts = _check_drafts(target_logits, draft_token_ids, layout, draft_probs, draft_logits)
-    params = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p}
-    sampling = SamplingMetadata.build(layout.batch, device, strict=strict, **params)
-    seeding = seeding_from(
-        layout.batch, device, seeds=seeds, generators=generators, generator=generator
-    )
-    at = positions_from(positions, layout.batch, device)
+    requests = requests_from(requests, options, layout.batch, target_logits.device, strict=strict)
     if strict:
-        _strict_checks(target_logits, draft_token_ids, drafts, layout, bonus, at)
+        _strict_checks(target_logits, draft_token_ids, drafts, layout, bonus, requests.positions)
+    uniforms = options.get("uniforms")
+    if method == "typical":
+        token_ids, num_accepted = pipeline.run_typical(
+            target_logits, draft_token_ids, layout, requests, backend=chosen
+        )
+        if not return_logprobs:
+            return VerifyOutput(token_ids, num_accepted, None)
+        plan = _plan(target_logits, layout, requests, uniforms, strict, need_norm=True)
+    else:
+        plan = _plan(target_logits, layout, requests, uniforms, strict, need_norm=return_logprobs)
+        step = LogitsStep(
+            target_logits, draft_token_ids, plan, method, bonus_token_ids=bonus, **drafts
+        )
+        token_ids, num_accepted = pipeline.run_logits(step, backend=chosen)
+    if not return_logprobs:
+        return VerifyOutput(token_ids, num_accepted, None)
+    logprobs = pipeline.emitted_logprobs(target_logits, plan, token_ids, backend=chosen)
+    return VerifyOutput(token_ids, num_accepted, logprobs)
+
+
+def _plan(
+    target_logits: torch.Tensor,
+    layout: BatchLayout,
+    requests: Requests,
+    uniforms: torch.Tensor | None,
+    strict: bool,
+    *,
+    need_norm: bool,
+) -> Plan:
+    """The step's plan; with ``strict``, given uniforms are checked too."""
     plan = pipeline.plan_logits(
-        target_logits,
-        layout,
-        sampling,
-        seeding,
-        positions=at,
-        uniforms=uniforms,
-        need_norm=return_logprobs,
+        target_logits, layout, requests, uniforms=uniforms, need_norm=need_norm
     )
     if strict and uniforms is not None:
         check_uniform_values(plan.uniforms)
-    token_ids, num_accepted = pipeline.run_logits(
-        target_logits,
-        draft_token_ids,
-        plan,
-        backend=chosen,
-        method=method,
-        bonus_token_ids=bonus,
-        **drafts,
-    )
-    if not return_logprobs:
-        return VerifyOutput(token_ids, num_accepted, None)
-    logprobs = _emitted_logprobs(target_logits, plan.stats, layout, token_ids)
-    return VerifyOutput(token_ids, num_accepted, logprobs)
+    return plan
 
 
 def _check_options(method: object, backend: object, strict: object, logprobs: object) -> None:
     """The rule, the backend and the two flags of :func:`verify`, checked."""
-    check_method(method, chain_methods())
+    check_method(method, chain_methods(lossy=True))
     check_backend(backend, backends.BACKENDS)
     check_flag("strict", strict)
     check_flag("return_logprobs", logprobs)
@@ -283,19 +297,25 @@ def _strict_checks(
 def _layout(
     target_logits: torch.Tensor,
     draft_token_ids: torch.Tensor,
-    num_draft_tokens: Ints,
+    num_draft_tokens: Ints | BatchLayout,
     bonus_token_ids: torch.Tensor | None,
     max_draft_tokens: int | None,
-    return_logprobs: bool,
+    needs_bonus_rows: str | None,
 ) -> tuple[BatchLayout, torch.Tensor | None]:
-    """The batch layout, and the given bonus ids as ``[batch]`` int64 (or ``None``)."""
-    layout = BatchLayout.build(
-        num_draft_tokens,
-        target_logits.device,
-        total_drafts=int(draft_token_ids.shape[0]),
-        max_drafts=max_draft_tokens,
-        bonus_rows=bonus_token_ids is None,
-    )
+    """The batch layout, and the given bonus ids as ``[batch]`` int64 (or ``None``).
+
+    ``needs_bonus_rows`` names what needs the bonus rows (to refuse ``bonus_token_ids``).
+    """
+    if isinstance(num_draft_tokens, BatchLayout):
+        layout = _given_layout(num_draft_tokens, bonus_token_ids, max_draft_tokens)
+    else:
+        layout = BatchLayout.build(
+            num_draft_tokens,
+            target_logits.device,
+            total_drafts=int(draft_token_ids.shape[0]),
+            max_drafts=max_draft_tokens,
+            bonus_rows=bonus_token_ids is None,
+        )
     if layout.max_drafts >= STEP_STRIDE:
         name = "num_draft_tokens" if max_draft_tokens is None else "max_draft_tokens"
         raise ValueError(
@@ -307,11 +327,26 @@ def _layout(
             f"but draft_token_ids has {draft_token_ids.shape[0]} entries"
         )
     bonus = _bonus_ids(bonus_token_ids, layout.batch, target_logits.device)
-    if return_logprobs and bonus is not None:
+    if needs_bonus_rows is not None and bonus is not None:
         raise ValueError(
-            "return_logprobs needs the bonus rows: pass them instead of bonus_token_ids"
+            f"{needs_bonus_rows} needs the bonus rows: pass them instead of bonus_token_ids"
         )
     return layout, bonus
+
+
+def _given_layout(
+    layout: BatchLayout, bonus_token_ids: torch.Tensor | None, max_draft_tokens: int | None
+) -> BatchLayout:
+    """A layout passed as ``num_draft_tokens``, checked against the other arguments."""
+    if max_draft_tokens is not None:
+        raise ValueError("pass max_draft_tokens to BatchLayout.build, not beside a layout")
+    if layout.bonus_rows != (bonus_token_ids is None):
+        has = "has" if layout.bonus_rows else "has no"
+        raise ValueError(
+            f"num_draft_tokens is a layout that {has} bonus rows, which does not match "
+            f"bonus_token_ids={'None' if bonus_token_ids is None else 'a tensor'}"
+        )
+    return layout
 
 
 def _bonus_ids(value: object, batch: int, device: torch.device) -> torch.Tensor | None:
@@ -327,16 +362,6 @@ def _bonus_ids(value: object, batch: int, device: torch.device) -> torch.Tensor 
     if ids.device != device:
         raise ValueError(f"bonus_token_ids is on {ids.device} but target_logits is on {device}")
     return ids.reshape(batch).to(torch.int64)
-
-
-def _emitted_logprobs(
-    logits: torch.Tensor, stats: RowStats, layout: BatchLayout, token_ids: torch.Tensor
-) -> torch.Tensor:
-    """``log q`` of each emitted token at its own target row; NaN at padding."""
-    cols = torch.arange(token_ids.shape[-1], device=token_ids.device)
-    rows = (layout.target_start.unsqueeze(-1) + cols).clamp_(max=logits.shape[0] - 1)
-    logprobs = log_q(logits, stats, rows, token_ids.clamp(min=0))
-    return logprobs.masked_fill_(token_ids < 0, torch.nan)
 
 
 def verify_padded(

@@ -1,35 +1,82 @@
-"""Backends execute a planned verification step; :func:`resolve` picks one.
+"""Backends execute a planned verification step; :func:`resolve` picks one, :func:`get` hands
+out what it runs.
 
 * ``"torch"`` (:mod:`specsample.backends.eager`): plain PyTorch, any device; the reference.
 * ``"triton"`` (:mod:`specsample.backends.triton`): fused Triton kernels, on CUDA tensors (or
   on CPU tensors under ``TRITON_INTERPRET=1``).
 * ``"auto"``: Triton on CUDA tensors when it is installed, PyTorch otherwise.
 
-Both take the same arguments and, given the same uniforms, return the same tokens.
+A backend is a :class:`Backend`: one function per kind of step (a chain or block step on
+flattened logits, a rule on ``[batch, k, vocab]`` probabilities, a typical-acceptance step, a
+tree step) and the log-probabilities of emitted tokens. Every entry point reaches them through
+:mod:`specsample.pipeline` and :func:`get`, so a kernel takes over a kind of step by filling
+its slot here. The Triton backend has kernels for the chain and block steps; its typical,
+tree and log-probability slots run the PyTorch code (:mod:`~specsample.backends.lossy`,
+:mod:`~specsample.backends.trees`) until kernels exist for them.
+
+Given the same uniforms, every backend returns the same tokens.
 
 Examples
 --------
 >>> import torch
 >>> resolve("auto", torch.zeros(1))
 'torch'
+>>> get("torch").tree.__name__
+'verify_tree'
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
 from specsample import kernels
-from specsample.backends import eager, triton
-from specsample.shared import VerifyResult
+from specsample.backends import eager, lossy, trees, triton
+from specsample.shared import TreeVerifyResult, VerifyResult
 
 BACKENDS = ("auto", "torch", "triton")
 """The names :func:`resolve` accepts."""
 
 
-LogitsStep = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-"""A backend's ``verify_logits`` (arguments of :func:`specsample.backends.eager.verify_logits`)."""
+Step = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+"""A step returning ``(token_ids, num_accepted)``."""
+
+
+class Backend(NamedTuple):
+    """What a concrete backend runs, one function per kind of step.
+
+    Attributes
+    ----------
+    verify_logits : callable
+        A chain or block step on flattened logits after its plan
+        (:func:`specsample.backends.eager.verify_logits`).
+    prob_rule : callable
+        ``prob_rule(method)``: the rule on ``[batch, k, vocab]`` probabilities.
+    typical : callable
+        A typical-acceptance step (:func:`specsample.backends.lossy.verify_typical`).
+    tree : callable
+        A tree step (:func:`specsample.backends.trees.verify_tree`).
+    log_q : callable
+        ``log q`` of tokens at target rows (:func:`specsample.backends.eager.log_q`).
+    """
+
+    verify_logits: Step
+    prob_rule: Callable[[str], Callable[..., VerifyResult]]
+    typical: Step
+    tree: Callable[..., TreeVerifyResult]
+    log_q: Callable[..., torch.Tensor]
+
+
+_BACKENDS = {
+    "torch": Backend(
+        eager.verify_logits, eager.prob_rule, lossy.verify_typical, trees.verify_tree, eager.log_q
+    ),
+    "triton": Backend(
+        triton.verify_logits, triton.prob_rule, lossy.verify_typical, trees.verify_tree, eager.log_q
+    ),
+}
 
 
 def resolve(backend: object, tensor: torch.Tensor) -> str:
@@ -53,11 +100,6 @@ def resolve(backend: object, tensor: torch.Tensor) -> str:
     return str(backend)
 
 
-def logits_step(backend: str) -> LogitsStep:
-    """The ``verify_logits`` of a concrete backend."""
-    return triton.verify_logits if backend == "triton" else eager.verify_logits
-
-
-def prob_rule(backend: str, method: str) -> Callable[..., VerifyResult]:
-    """The rule on ``[batch, k, vocab]`` probabilities of a concrete backend."""
-    return triton.prob_rule(method) if backend == "triton" else eager.PROB_RULES[method]
+def get(backend: str) -> Backend:
+    """The steps of a concrete backend (``"torch"`` or ``"triton"``, see :func:`resolve`)."""
+    return _BACKENDS[backend]

@@ -1,7 +1,7 @@
 """The PyTorch backend: the reference execution of a verification step, on any device.
 
 :func:`verify_logits` runs the step of :func:`specsample.verify` after its plan (row
-statistics and uniforms) with plain tensor operations; :data:`PROB_RULES` are the rules on
+statistics and uniforms) with plain tensor operations; :func:`prob_rule` gives the rules on
 ``[batch, k, vocab]`` probabilities. The Triton backend (:mod:`specsample.backends.triton`)
 computes the same thing with fused kernels, on the same uniforms.
 """
@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 
 from specsample.metadata import BatchLayout
+from specsample.plan import LogitsStep
 from specsample.probs import RowStats, row_stats, scaled_logits
 from specsample.rules.block import (
     block_length,
@@ -26,8 +27,13 @@ from specsample.rules.residual import sample_residual, sample_rows
 from specsample.rules.rows import LogitRows, ProbRows
 from specsample.shared import VerifyResult
 
-PROB_RULES: dict[str, Callable[..., VerifyResult]] = {"chain": chain_verify, "block": block_verify}
-"""The rules on probabilities, by method: ``rule(target, draft, ids, bonus, uniforms)``."""
+_PROB_RULES: dict[str, Callable[..., VerifyResult]] = {"chain": chain_verify, "block": block_verify}
+
+
+def prob_rule(method: str) -> Callable[..., VerifyResult]:
+    """The rule on probabilities of an exact chain method:
+    ``rule(target, draft, ids, bonus, uniforms)``."""
+    return _PROB_RULES[method]
 
 
 class Drafts(NamedTuple):
@@ -143,48 +149,31 @@ def _draft_side(
     return None, torch.ones(ids.shape, dtype=torch.float64, device=ids.device)
 
 
-def verify_logits(
-    target_logits: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    layout: BatchLayout,
-    stats: RowStats,
-    greedy: torch.Tensor,
-    uniforms: torch.Tensor | None,
-    *,
-    draft_probs: torch.Tensor | None = None,
-    draft_logits: torch.Tensor | None = None,
-    method: str = "chain",
-    bonus_token_ids: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The step after the plan, in PyTorch: ``(token_ids, num_accepted)``.
+def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
+    """A planned chain or block step, in PyTorch: ``(token_ids, num_accepted)``.
 
     Parameters
     ----------
-    target_logits : torch.Tensor
-        ``[rows, vocab]`` flattened target logits (see :class:`BatchLayout`).
-    draft_token_ids : torch.Tensor
-        ``[total_drafts]`` int64.
-    layout : BatchLayout
-        The ragged layout.
-    stats : RowStats
-        ``[rows]`` statistics of the processed target rows.
-    greedy : torch.Tensor
-        ``[batch]`` bool greedy requests.
-    uniforms : torch.Tensor or None
-        ``[batch, max_drafts + 1]`` float64; ``None`` when every request is greedy.
-    draft_probs, draft_logits : torch.Tensor, optional
-        ``[total_drafts, vocab]``; neither: one-hot drafts.
-    method : str
-        ``"chain"`` or ``"block"``.
-    bonus_token_ids : torch.Tensor, optional
-        ``[batch]`` int64 tokens a request emits when all its drafts are accepted (the target
-        rows then hold the draft positions only).
+    step : LogitsStep
+        The target rows, the drafts (ids, and their rows or none: one-hot), the plan (layout,
+        row statistics, greedy requests, uniforms), the rule and the given bonus tokens.
 
     Returns
     -------
     tuple of torch.Tensor
         ``[batch, max_drafts + 1]`` int64 tokens and ``[batch]`` int64 accepted counts.
+
+    Examples
+    --------
+    >>> from specsample.plan import Plan
+    >>> logits = torch.tensor([[0.0, 5.0], [5.0, 0.0]])  # a draft row, then the bonus row
+    >>> plan = Plan(BatchLayout.build([1], logits.device), row_stats(logits, torch.ones(2)),
+    ...             torch.tensor([True]), None)
+    >>> verify_logits(LogitsStep(logits, torch.tensor([1]), plan))
+    (tensor([[1, 0]]), tensor([1]))
     """
+    target_logits, draft_token_ids, plan, method, draft_probs, draft_logits, bonus_token_ids = step
+    layout, stats, greedy, uniforms = plan
     if not layout.max_drafts:
         return _plain_step(target_logits, layout, stats, greedy, uniforms, bonus_token_ids)
     rows = target_logits.shape[0]

@@ -8,39 +8,21 @@ tensors under Triton's interpreter (``TRITON_INTERPRET=1``, for tests).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from specsample import kernels
-from specsample.metadata import BatchLayout
-from specsample.probs import RowStats
+from specsample.plan import LogitsStep
 from specsample.shared import VerifyResult
 
 
-def verify_logits(
-    target_logits: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    layout: BatchLayout,
-    stats: RowStats,
-    *args: Any,
-    bonus_token_ids: torch.Tensor | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`specsample.backends.eager.verify_logits`, by the fused kernels (same arguments)."""
-    if bonus_token_ids is not None:
-        bonus_token_ids = bonus_token_ids.contiguous()
-    return kernels.verify_logits(
-        target_logits,
-        draft_token_ids,
-        layout,
-        stats,
-        *args,
-        bonus_token_ids=bonus_token_ids,
-        **kwargs,
-    )
+def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`specsample.backends.eager.verify_logits`, by the fused kernels (same step)."""
+    if step.bonus_token_ids is not None:
+        step = step._replace(bonus_token_ids=step.bonus_token_ids.contiguous())
+    return kernels.verify_logits(step)
 
 
 def prob_rule(method: str) -> Callable[..., VerifyResult]:
-    """The kernel twin of :data:`specsample.backends.eager.PROB_RULES` ``[method]``."""
+    """The kernel twin of :func:`specsample.backends.eager.prob_rule`."""
     return kernels.RULES[method]

@@ -1,0 +1,136 @@
+"""The functional API for token trees: :func:`verify_tree` on ``[batch, nodes, vocab]`` logits.
+
+A drafter may propose a *tree* of continuations per request instead of a chain (see
+:mod:`specsample.rules.tree` for the rules and why the drafting mode decides them). The
+target scores every node in one forward; :func:`verify_tree` processes its logits with each
+request's parameters (temperature, top-k, top-p, min-p; temperature 0 is greedy), accepts a
+path down the tree and emits one more token, through the same pipeline and backend seam as
+:func:`specsample.verify`. Nothing synchronises with the device unless ``strict=True``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from specsample import backends, pipeline
+from specsample.api.options import RequestOptions, check_names, requests_from
+from specsample.checks import check_flag, require_tensor
+from specsample.methods import check_method, check_traversal_drafting, tree_method, tree_methods
+from specsample.params import DraftTree, Requests
+from specsample.plan import TreeStep
+from specsample.shared import TreeVerifyResult, unit_columns
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+
+def verify_tree(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    parents: torch.Tensor | DraftTree,
+    *,
+    draft_probs: torch.Tensor | None = None,
+    requests: Requests | None = None,
+    method: str | None = None,
+    drafting: str = "iid",
+    backend: str = "auto",
+    max_depth: int | None = None,
+    max_children: int | None = None,
+    strict: bool = False,
+    **options: Unpack[RequestOptions],
+) -> TreeVerifyResult:
+    """Verify a token tree per request from the target's logits at every node.
+
+    Parameters
+    ----------
+    target_logits : torch.Tensor
+        ``[batch, nodes, vocab]`` float logits: row ``i`` is the target after node ``i``
+        (node 0 is the root, the last committed token).
+    draft_token_ids : torch.Tensor
+        ``[batch, nodes]`` int64 token of each node (the root's is not read).
+    parents : torch.Tensor or DraftTree
+        ``[batch, nodes]`` (or ``[nodes]``, shared) int64 parent of each node, smaller than
+        its index (``-1`` for the root and for padding); or the whole draft layout, built
+        once (:meth:`specsample.params.DraftTree.build`, then ``drafting``, ``max_depth``
+        and ``max_children`` are read from it).
+    draft_probs : torch.Tensor, optional
+        ``[batch, nodes, vocab]``: row ``i`` is the distribution node ``i``'s children were
+        drawn from (needed by ``"mss"``, ``"rrs"`` and ``"traversal"``).
+    requests : Requests, optional
+        What every request asks, validated once (:meth:`specsample.params.Requests.build`).
+        Exclusive with the sampling keywords.
+    method : str, optional
+        A tree rule of :func:`specsample.methods.tree_methods` exact for ``drafting``;
+        ``None``: the rule ``drafting`` derives (``"traversal"`` must be asked for).
+    drafting : str
+        How the children were drafted: ``"iid"``, ``"without_replacement"`` or
+        ``"deterministic"`` (see :mod:`specsample.rules.tree`).
+    backend : str
+        ``"auto"``, ``"torch"`` or ``"triton"`` (see :mod:`specsample.backends`; every
+        backend runs the tree rules in PyTorch for now).
+    max_depth, max_children : int, optional
+        Loop bounds: the deepest level and the most children tried per node.
+    strict : bool
+        Also check values (synchronises with the device).
+    **options
+        Keywords of :class:`specsample.api.options.RequestOptions`: ``temperature``,
+        ``top_k``, ``top_p``, ``min_p``, ``seeds``, ``generators``, ``generator``,
+        ``positions`` (as in :func:`specsample.verify`) and ``uniforms`` (the step's
+        uniforms in the rule's layout, :func:`specsample.rules.tree.tree_uniforms` or
+        :func:`specsample.rules.tree.traversal_uniforms`).
+
+    Returns
+    -------
+    TreeVerifyResult
+        ``path [batch, max_depth + 1]`` (accepted nodes from the root, then -1),
+        ``token_ids [batch, max_depth + 1]`` (their tokens, one more token, then -1) and
+        ``num_emitted [batch]``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        An argument of the wrong type, value, shape or device (the message names it); a
+        method that is not exact for ``drafting``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> logits = torch.tensor([[[0.0, 9.0], [9.0, 0.0], [0.0, 0.0]]])
+    >>> ids, parents = torch.tensor([[0, 1, 0]]), torch.tensor([[-1, 0, 0]])
+    >>> out = verify_tree(logits, ids, parents, drafting="deterministic", temperature=0.0)
+    >>> out.path.tolist(), out.token_ids.tolist()
+    ([[0, 1]], [[1, 0]])
+    """
+    check_names("verify_tree", options, RequestOptions.__annotations__)
+    target_logits = unit_columns(require_tensor("target_logits", target_logits))
+    if target_logits.dim() != 3:
+        raise ValueError(
+            f"target_logits must have shape [batch, nodes, vocab], got {tuple(target_logits.shape)}"
+        )
+    check_flag("strict", strict)
+    tree = parents
+    if not isinstance(tree, DraftTree):
+        tree = DraftTree.build(tree, drafting, max_depth=max_depth, max_children=max_children)
+    rule = _rule(method, tree.drafting)
+    chosen = backends.resolve(backend, target_logits)
+    batch = target_logits.shape[0]
+    requests = requests_from(requests, options, batch, target_logits.device, strict=strict)
+    uniforms = options.get("uniforms")
+    step = TreeStep(
+        target_logits, draft_token_ids, tree, requests, rule, draft_probs, uniforms, strict
+    )
+    return pipeline.run_tree(step, backend=chosen)
+
+
+def _rule(method: object, drafting: str) -> str:
+    """The rule to run: ``method`` checked against the registry and exact for ``drafting``,
+    or the rule ``drafting`` derives."""
+    if method is None:
+        return tree_method(drafting)
+    check_method(method, tree_methods())
+    if method == "traversal":
+        check_traversal_drafting(drafting)
+        return "traversal"
+    return tree_method(drafting, str(method))

@@ -1,0 +1,80 @@
+"""The PyTorch backend's tree step: the tree rules of :mod:`specsample.rules.tree` on logits.
+
+The target rows are processed with each request's parameters (greedy rows become the
+one-hot distribution of their argmax), then the rule the method names runs: the top-down
+rules (MSS, RRS, one-hot) or traversal verification. A batch of greedy requests only
+follows the argmax down the tree, with no distribution materialised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import cast
+
+import torch
+
+from specsample.plan import TreeStep
+from specsample.probs import processed_probs
+from specsample.rules.tree import (
+    Drafting,
+    TreeMethod,
+    traversal_verify,
+    tree_verify,
+    tree_verify_greedy,
+)
+from specsample.shared import TreeVerifyResult
+
+
+def verify_tree(step: TreeStep) -> TreeVerifyResult:
+    """Verify a token tree per request: the accepted path and one more token.
+
+    Parameters
+    ----------
+    step : TreeStep
+        The target's logits at every node, the node tokens, the tree (parents, drafting,
+        bounds), the requests, the rule, the draft rows, given uniforms and strictness.
+
+    Returns
+    -------
+    TreeVerifyResult
+        ``path``, ``token_ids`` ``[batch, max_depth + 1]`` and ``num_emitted`` ``[batch]``.
+
+    Examples
+    --------
+    >>> from specsample.params import DraftTree, Requests, SamplingParams
+    >>> logits = torch.tensor([[[0.0, 9.0], [9.0, 0.0]]])
+    >>> tree = DraftTree.build(torch.tensor([-1, 0]), "deterministic")
+    >>> requests = Requests.build(1, torch.device("cpu"), SamplingParams(temperature=0.0))
+    >>> verify_tree(TreeStep(logits, torch.tensor([[0, 1]]), tree, requests, "onehot")).token_ids
+    tensor([[1, 0]])
+    """
+    logits, ids, tree, requests, method, draft_probs, uniforms, strict = step
+    if requests.all_greedy:
+        return tree_verify_greedy(
+            logits, ids, tree.parents, max_depth=tree.max_depth, max_children=tree.max_children
+        )
+    batch, nodes, vocab = logits.shape
+    request = torch.arange(batch, device=logits.device).repeat_interleave(nodes)
+    flat = logits.reshape(batch * nodes, vocab)
+    probs = processed_probs(flat, requests.sampling.rows(request)).view(batch, nodes, vocab)
+    rule: Callable[..., TreeVerifyResult]
+    if method == "traversal":
+        if draft_probs is None:
+            raise ValueError("method='traversal' needs draft_probs")
+        rule = cast(Callable[..., TreeVerifyResult], traversal_verify)
+    else:
+        rule = partial(tree_verify, method=cast(TreeMethod, method))
+    return rule(
+        probs,
+        ids,
+        tree.parents,
+        drafting=cast(Drafting, tree.drafting),
+        draft_probs=draft_probs,
+        max_depth=tree.max_depth,
+        max_children=tree.max_children,
+        uniforms=uniforms,
+        seeding=requests.seeding,
+        positions=requests.positions,
+        strict=strict,
+    )
