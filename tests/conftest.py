@@ -49,13 +49,3 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-@pytest.fixture(autouse=True)
-def fresh_policy_memory() -> Iterator[None]:
-    """Each test starts with no step timings or acceptance remembered, as a fresh process
-    does, so that the draft lengths a test's runs choose never depend on earlier tests."""
-    from specsample.generate.policy import forget_remembered
-
-    forget_remembered()
-    yield

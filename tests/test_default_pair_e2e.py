@@ -31,7 +31,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from specsample.generate import TreeShape, hf, speculative_generate, target_generate  # noqa: E402
+from specsample import adapter  # noqa: E402
+from specsample.generate import TreeShape, speculative_generate, target_generate  # noqa: E402
 from specsample.testing import detectable_tv, joint_test, two_token_joint  # noqa: E402
 
 PROMPT = "self"
@@ -46,7 +47,7 @@ GREEDY_TOKENS = 96
 
 @pytest.fixture(scope="module")
 def dirs() -> tuple[Any, Any]:
-    pair = hf.default_pair()
+    pair = adapter.default_pair()
     if pair is None:
         pytest.fail("the default model pair is not installed")
     return pair
@@ -55,9 +56,9 @@ def dirs() -> tuple[Any, Any]:
 @pytest.fixture(scope="module")
 def shipped(dirs: tuple[Any, Any]) -> dict[str, Any]:
     return {
-        "tokenizer": hf.load_tokenizer(dirs[0]),
-        "target": hf.load_model(dirs[0], role="target"),
-        "draft": hf.load_model(dirs[1], role="draft"),
+        "tokenizer": adapter.load_tokenizer(dirs[0]),
+        "target": adapter.load_model(dirs[0], role="target"),
+        "draft": adapter.load_model(dirs[1], role="draft"),
     }
 
 
@@ -140,8 +141,8 @@ def test_the_joint_test_rejects_typical_acceptance(shipped: dict[str, Any]) -> N
 def shipped64(dirs: tuple[Any, Any], shipped: dict[str, Any]) -> dict[str, Any]:
     return {
         "tokenizer": shipped["tokenizer"],
-        "target": hf.load_model(dirs[0], role="target").double(),
-        "draft": hf.load_model(dirs[1], role="draft").double(),
+        "target": adapter.load_model(dirs[0], role="target").double(),
+        "draft": adapter.load_model(dirs[1], role="draft").double(),
     }
 
 

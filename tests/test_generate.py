@@ -8,6 +8,10 @@ conditional) by a chi-square test over cells with expected count >= 5 (the rest 
 and the third token (reached through a step after all drafts were accepted) against its exact
 marginal; each test passes at p > 1e-5, so with seven such tests the family-wise
 false-failure rate is below 1e-4.
+
+Covers the loop's modules of :mod:`specsample.generate`: ``loop`` (the :class:`Decoder` and
+its wrappers), ``run``, ``batch``, ``step``, ``verifying``, ``sampling``, ``state``,
+``drafters``, ``ngram`` and ``inputs``.
 """
 
 from __future__ import annotations
@@ -26,18 +30,19 @@ import torch
 transformers = pytest.importorskip("transformers")
 scipy_stats = pytest.importorskip("scipy.stats")
 
+from specsample import adapter  # noqa: E402
 from specsample.generate import (  # noqa: E402
     DecodeState,
     GenerationStats,
     ModelDrafter,
     NGramDrafter,
     SamplingState,
-    hf,
     speculative_generate,
     target_generate,
 )
-from specsample.generate import batch as batch_module  # noqa: E402
-from specsample.generate.state import DRAFT_STRIDE  # noqa: E402
+from specsample.generate import verifying as verifying_module  # noqa: E402
+from specsample.generate.sampling import DRAFT_STRIDE  # noqa: E402
+from specsample.params import SamplingParams  # noqa: E402
 from specsample.probs import processed_probs  # noqa: E402
 from specsample.random import Stream, counter_uniform  # noqa: E402
 
@@ -186,15 +191,15 @@ def test_long_generation_compacts_the_caches(pair, monkeypatch) -> None:
     prompt = [[4, 9, 1]]
     reference = hf_greedy(target, prompt[0], 120)
     compactions: list[int] = []
-    original = hf.CachedLM.maybe_compact
+    original = adapter.CachedLM.maybe_compact
 
-    def spy(self: hf.CachedLM, max_length: int) -> bool:
+    def spy(self: adapter.CachedLM, max_length: int) -> bool:
         done = original(self, max_length)
         if done:
             compactions.append(self.width)
         return done
 
-    monkeypatch.setattr(hf.CachedLM, "maybe_compact", spy)
+    monkeypatch.setattr(adapter.CachedLM, "maybe_compact", spy)
     out = speculative_generate(target, prompt, draft, k=6, max_new_tokens=120, adaptive=False)
     assert out.sequences[0] == reference
     assert compactions, "the masked slots never triggered a compaction"
@@ -504,9 +509,10 @@ def test_greedy_sequences_without_a_match_borrow_from_the_others() -> None:
         ]
     )
     state = DecodeState(tokens, torch.tensor([3, 6, 2]), 6, 10)
-    greedy = SamplingState.build(3, torch.device("cpu"), temperature=[0.0, 0.0, 0.0])
+    cpu = torch.device("cpu")
+    greedy = SamplingState.build(3, cpu, SamplingParams(temperature=[0.0, 0.0, 0.0]))
     sampled = SamplingState.build(
-        3, torch.device("cpu"), temperature=[1.0, 0.0, 0.0], seeds=[0, 1, 2]
+        3, cpu, SamplingParams(temperature=[1.0, 0.0, 0.0], seeds=[0, 1, 2])
     )
     proposal = NGramDrafter().propose(state, 3, greedy)
     assert proposal.token_ids.tolist()[0] == [6, 5, 4]  # "8 7" found in row 1
@@ -518,7 +524,6 @@ def test_greedy_sequences_without_a_match_borrow_from_the_others() -> None:
     state.max_length = 3
     kept = NGramDrafter().propose(state, 4, greedy.rows([0, 2]))
     assert kept.token_ids.tolist()[0] == [6, 5, 4, 4]  # from the finished row, then its end
-    assert NGramDrafter().propose(state, 2, greedy.rows([0, 2]), may_stop=True).token_ids.shape[1]
     with pytest.raises(TypeError, match="others"):
         NGramDrafter(others=1)  # type: ignore[arg-type]
 
@@ -535,6 +540,43 @@ def test_stats_table_and_merge() -> None:
     for label in ("tokens/s", "acceptance rate", "acceptance by position", "forwards saved"):
         assert label in table
     assert merged.as_dict()["target_forwards_saved"] == 3
+
+
+def test_a_decoder_takes_parameter_objects_and_serves_many_calls(pair) -> None:
+    """A Decoder's calls take SamplingParams and Callbacks: a sequence with a generator of
+    its own draws from it alone, so it decodes the same in any company; the wrappers refuse
+    an unknown keyword."""
+    from specsample.generate import Callbacks, Decoder, TreeShape
+
+    target, draft = pair
+    decoder = Decoder(target, draft, k=3, adaptive=False)
+    prompts = [[1, 2, 3], [7, 8], [5]]
+    finished: list[int] = []
+
+    def params(rows: list[int]) -> SamplingParams:
+        own = {j: torch.Generator().manual_seed(70 + i) for j, i in enumerate(rows) if i != 1}
+        seeds = [40 if i == 1 else None for i in rows]
+        return SamplingParams(temperature=1.0, top_p=0.9, seeds=seeds, generators=own)
+
+    out = decoder.generate(
+        prompts,
+        params([0, 1, 2]),
+        max_new_tokens=8,
+        max_batch_size=2,
+        callbacks=Callbacks(on_finish=lambda index, ids: finished.append(index)),
+    )
+    assert sorted(finished) == [0, 1, 2]
+    for i in range(3):
+        alone = decoder.generate([prompts[i]], params([i]), max_new_tokens=8)
+        assert alone.sequences[0] == out.sequences[i]
+    with pytest.raises(TypeError, match="temprature"):
+        speculative_generate(target, prompts, draft, temprature=1.0)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="'k'"):
+        target_generate(target, prompts, k=2)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="callbacks"):
+        decoder.generate(prompts, callbacks=print)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="tree"):
+        Decoder(target, tree=TreeShape((2,)))
 
 
 def test_validation_errors(pair) -> None:
@@ -568,25 +610,32 @@ def test_validation_errors(pair) -> None:
 def test_sampling_state_streams_and_processing() -> None:
     cpu = torch.device("cpu")
     positions = torch.tensor([9, 9, 10])
-    state = SamplingState.build(3, cpu, temperature=1.0, seeds=[4, None, 4])
+    state = SamplingState.build(3, cpu, SamplingParams(temperature=1.0, seeds=[4, None, 4]))
     u = state.draft_uniforms(positions, 3)
     counters = positions.unsqueeze(1) * DRAFT_STRIDE + torch.arange(3)
     assert torch.equal(
         u[[0, 2]], counter_uniform(torch.tensor([4, 4]), counters[[0, 2]], Stream.DRAFT)
     )
     assert not torch.equal(u[0], u[2])  # the next position reads a stripe of its own
-    alone = SamplingState.build(1, cpu, temperature=1.0, seeds=[4]).draft_uniforms(positions[:1], 3)
-    assert torch.equal(alone, u[:1])
+    alone = SamplingState.build(1, cpu, SamplingParams(temperature=1.0, seeds=[4]))
+    alone_u = alone.draft_uniforms(positions[:1], 3)
+    assert torch.equal(alone_u, u[:1])
     unseeded = [
         SamplingState.build(
-            n, cpu, temperature=1.0, seeds=seeds, generator=torch.Generator().manual_seed(1)
+            n,
+            cpu,
+            SamplingParams(
+                temperature=1.0, seeds=seeds, generator=torch.Generator().manual_seed(1)
+            ),
         )
         for n, seeds in ((1, None), (3, [4, None, 4]))
     ]
     assert torch.equal(
         unseeded[0].draft_uniforms(positions[:1], 2), unseeded[1].draft_uniforms(positions, 2)[1:2]
     )
-    mixed = SamplingState.build(2, cpu, temperature=[0.0, 0.5], top_k=[0, 2], seeds=[None, 3])
+    mixed = SamplingState.build(
+        2, cpu, SamplingParams(temperature=[0.0, 0.5], top_k=[0, 2], seeds=[None, 3])
+    )
     logits = torch.randn(2, 3, VOCAB, generator=torch.Generator().manual_seed(0))
     expected = processed_probs(
         logits.reshape(6, VOCAB),
@@ -595,21 +644,58 @@ def test_sampling_state_streams_and_processing() -> None:
     )
     assert torch.equal(mixed.probs(logits), expected.reshape(2, 3, VOCAB))
     kept = mixed.rows([1])
-    assert kept.values.temperature.tolist() == [0.5] and kept.seeds == [3]
+    assert kept.metadata.inv_temperature.tolist() == [2.0] and kept.seeds == [3]
     assert kept.seeding.seeds is not None and kept.seeding.seeds.tolist() == [3]
+
+
+def test_selected_rows_equal_a_state_built_for_them_alone() -> None:
+    """Rows selected from a call's state (validated once) carry the parameters, host hints,
+    unused filters and random sources a state built for those rows alone has."""
+    cpu = torch.device("cpu")
+    params = {
+        "temperature": [0.0, 0.7, 0.0, 1.0, 0.0],
+        "top_k": [5, 0, 3, 0, 0],
+        "top_p": [0.5, 1.0, 1.0, 0.9, 1.0],
+        "min_p": [0.0, 0.0, 0.2, 0.0, 0.0],
+        "seeds": [None, 8, 9, None, None],
+    }
+    generator = torch.Generator().manual_seed(3)
+    call = SamplingState.build(5, cpu, SamplingParams(generators={3: generator}, **params))
+    for rows in ([0, 2], [0, 2, 4], [1, 3], [4, 3, 1, 0], [3], []):
+        chosen = {name: [values[i] for i in rows] for name, values in params.items()}
+        own = {j: generator for j, i in enumerate(rows) if i == 3}
+        alone = SamplingState.build(len(rows), cpu, SamplingParams(generators=own, **chosen))
+        kept = call.rows(rows)
+        assert kept.seeds == alone.seeds
+        got, want = kept.metadata, alone.metadata
+        assert (got.all_greedy, got.any_greedy, got.max_top_k) == (
+            want.all_greedy,
+            want.any_greedy,
+            want.max_top_k,
+        )
+        for name in ("inv_temperature", "greedy", "top_k", "top_p", "min_p"):
+            mine, theirs = getattr(got, name), getattr(want, name)
+            assert (mine is None) == (theirs is None), (rows, name)
+            assert mine is None or torch.equal(mine, theirs), (rows, name)
+        for name in ("seeds", "shared_rows", "seeded"):
+            mine, theirs = getattr(kept.seeding, name), getattr(alone.seeding, name)
+            assert (mine is None) == (theirs is None), (rows, name)
+            assert mine is None or torch.equal(mine, theirs), (rows, name)
+        assert kept.seeding.generators == alone.seeding.generators
+        assert kept.rows(list(range(len(rows)))[::-1]).seeds == alone.seeds[::-1]
 
 
 def test_loop_keys_randomness_by_absolute_position(pair, monkeypatch) -> None:
     target, draft = pair
     seen: list[list[int]] = []
 
-    plan = batch_module.pipeline.plan_logits
+    verify = verifying_module.verify
 
     def spy(*args: Any, **kwargs: Any) -> Any:
-        seen.append(kwargs["positions"].tolist())
-        return plan(*args, **kwargs)
+        seen.append(kwargs["requests"].positions.tolist())
+        return verify(*args, **kwargs)
 
-    monkeypatch.setattr(batch_module.pipeline, "plan_logits", spy)
+    monkeypatch.setattr(verifying_module, "verify", spy)
     out = speculative_generate(
         target, [[1, 2, 3], [4]], draft, k=2, temperature=1.0, max_new_tokens=6, seeds=1
     )
@@ -621,7 +707,7 @@ def test_loop_keys_randomness_by_absolute_position(pair, monkeypatch) -> None:
 
 
 def test_masked_cache_check(pair) -> None:
-    hf.check_masked_cache(pair[0])
+    adapter.check_masked_cache(pair[0])
 
     class IgnoresPositions(torch.nn.Module):
         def __init__(self, model: Any) -> None:
@@ -635,29 +721,9 @@ def test_masked_cache_check(pair) -> None:
             return self.inner(input_ids=input_ids, cache=cache, **kwargs)
 
     with pytest.raises(ValueError, match="does not honour"):
-        hf.check_masked_cache(IgnoresPositions(pair[0]))
+        adapter.check_masked_cache(IgnoresPositions(pair[0]))
     with pytest.raises(ValueError, match="the draft model does not honour"):
         speculative_generate(pair[0], [[1, 2]], IgnoresPositions(pair[1]))
-
-
-def test_the_cache_appends_in_place_and_computes_what_a_concatenating_cache_does(pair) -> None:
-    """Each forward writes only its new slots into a buffer with room to spare (no copy of
-    the cache); the logits equal those of transformers' own concatenating cache."""
-    target = pair[0]
-    lm = hf.CachedLM(target)
-    lm.reset(1)
-    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
-    first = lm.forward(ids[:, :4], torch.arange(4).unsqueeze(0), keep=0)
-    layer = lm.cache.layers[0]
-    buffer = layer.keys.untyped_storage().data_ptr()
-    second = lm.forward(ids[:, 4:], torch.arange(4, 6).unsqueeze(0), keep=0)
-    assert layer.keys.shape[2] == 6 and layer.keys.untyped_storage().data_ptr() == buffer
-    lm.drop_tail(1)
-    lm.forward(ids[:, 5:], torch.tensor([[5]]))
-    assert layer.keys.untyped_storage().data_ptr() == buffer
-    with torch.no_grad():
-        expected = target(ids, use_cache=False).logits
-    torch.testing.assert_close(torch.cat([first, second], dim=1), expected)
 
 
 # --------------------------------------------------------------------------- forward compatibility
@@ -676,7 +742,7 @@ class _CacheKeyword(torch.nn.Module):
         super().__init__()
         self.inner = model
         self.config = model.config
-        self.inner_keyword = hf.cache_argument(inspect.signature(model.forward).parameters)
+        self.inner_keyword = adapter.cache_argument(inspect.signature(model.forward).parameters)
         self.seen: list[str] = []
 
     def run(self, cache: Any, kwargs: dict[str, Any]) -> Any:

@@ -1,23 +1,21 @@
-"""The adaptive draft-length policy: acceptance averages, the cost line, the choice."""
+"""The adaptive draft-length policy (:mod:`specsample.generate.policy`): acceptance averages
+(``acceptance``), the cost line (``costs``), the choice (``chooser``) and what runs carry over
+to later ones (``memory``)."""
 
 from __future__ import annotations
 
 import pytest
 
 from specsample.generate.policy import (
-    DRAFT_MARGIN,
-    EXPLORE_EVERY,
-    FRESH_FOR,
-    MARGIN,
-    PRIOR_ACCEPTANCE,
-    PRIOR_WEIGHT,
-    TIMINGS_KEPT,
-    TIMINGS_TO_TRUST,
     AcceptanceTracker,
     CostModel,
     DraftLengthPolicy,
     History,
+    PolicyMemory,
 )
+from specsample.generate.policy.acceptance import EXPLORE_EVERY, PRIOR_ACCEPTANCE, PRIOR_WEIGHT
+from specsample.generate.policy.chooser import DRAFT_MARGIN, MARGIN
+from specsample.generate.policy.costs import FRESH_FOR, TIMINGS_KEPT, TIMINGS_TO_TRUST
 
 
 def test_tracker_observes_positions_up_to_the_first_rejection() -> None:
@@ -306,11 +304,11 @@ def test_a_later_run_starts_from_the_timings_of_earlier_ones() -> None:
     assert wider.choose() == 2 and wider.exploring == 2
 
 
-def test_runs_with_the_same_models_share_their_timings() -> None:
-    """And the acceptance of their first drafts, apart for greedy and sampled runs."""
+def test_runs_given_one_memory_share_their_timings() -> None:
+    """And the acceptance of their first drafts, apart for greedy and sampled runs; a run
+    given no memory starts fresh, a decoder's calls share its own."""
     transformers = pytest.importorskip("transformers")
-    from specsample.generate import NGramDrafter, speculative_generate
-    from specsample.generate.policy import _HISTORIES, _REMEMBERED
+    from specsample.generate import Decoder, NGramDrafter, speculative_generate
 
     config = transformers.LlamaConfig(
         vocab_size=40,
@@ -322,18 +320,33 @@ def test_runs_with_the_same_models_share_their_timings() -> None:
     )
     target = transformers.LlamaForCausalLM(config).eval()
     prompts = [[1, 2, 3, 1, 2]] * 2
-    speculative_generate(target, prompts, NGramDrafter(), k=2, max_new_tokens=6)
-    (costs,) = _REMEMBERED[target].values()
+    memory = PolicyMemory()
+    speculative_generate(target, prompts, NGramDrafter(), k=2, max_new_tokens=6, memory=memory)
+    (costs,) = memory.costs[target].values()
     tried = set(costs.tried)
     assert tried
-    (history,) = _HISTORIES[target].values()
+    (history,) = memory.histories[target].values()
     seen = history.seen
     assert seen > 0
-    speculative_generate(target, prompts, NGramDrafter(), k=2, max_new_tokens=6)
-    assert list(_REMEMBERED[target].values()) == [costs]
+    speculative_generate(target, prompts, NGramDrafter(), k=2, max_new_tokens=6, memory=memory)
+    assert list(memory.costs[target].values()) == [costs]
     assert costs.tried >= tried
-    assert list(_HISTORIES[target].values()) == [history]
+    assert list(memory.histories[target].values()) == [history]
     assert history.seen > seen
-    speculative_generate(target, prompts, NGramDrafter(), k=2, max_new_tokens=6, temperature=1.0)
-    assert list(_REMEMBERED[target].values()) == [costs]
-    assert len(_HISTORIES[target]) == 2
+    speculative_generate(
+        target, prompts, NGramDrafter(), k=2, max_new_tokens=6, temperature=1.0, memory=memory
+    )
+    assert list(memory.costs[target].values()) == [costs]
+    assert len(memory.histories[target]) == 2
+    seen, steps = history.seen, costs.steps
+    speculative_generate(target, prompts, NGramDrafter(), k=2, max_new_tokens=6)
+    assert (history.seen, costs.steps) == (seen, steps)
+    decoder = Decoder(target, NGramDrafter(), k=2)
+    decoder.generate(prompts, max_new_tokens=6)
+    (own,) = decoder.memory.costs[target].values()
+    assert own is not costs
+    steps = own.steps
+    decoder.generate(prompts, max_new_tokens=6)
+    assert list(decoder.memory.costs[target].values()) == [own] and own.steps > steps
+    with pytest.raises(TypeError, match="memory"):
+        Decoder(target, NGramDrafter(), memory={})  # type: ignore[arg-type]

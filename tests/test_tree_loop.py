@@ -1,4 +1,4 @@
-"""Tree drafting in the generation loop, on tiny random models: shapes, rules and the CLI options.
+"""Tree drafting in the generation loop, on tiny random models: shapes and rules.
 
 The end-to-end exactness of tree drafting (the two-token chi-square test, greedy identity on
 the shipped pair) is in ``tests/test_default_pair_e2e.py``; here every drafting mode and rule
@@ -8,7 +8,6 @@ target-only greedy output token for token.
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import pytest
@@ -22,7 +21,6 @@ from specsample.generate import (  # noqa: E402
     speculative_generate,
     target_generate,
 )
-from specsample.generate.command import add_arguments, tree_shape  # noqa: E402
 from specsample.generate.tree import TreeLayout  # noqa: E402
 
 PROMPTS = [[3, 7, 1, 9, 4, 2, 8], [5, 5, 6, 1], [9, 8, 7, 6, 5, 4, 3, 2, 1, 11]]
@@ -127,22 +125,3 @@ def test_layout_numbers_nodes_level_by_level() -> None:
     assert layout.parents.tolist() == [-1, 0, 0, 1, 1, 2, 2]
     assert layout.levels == ((1, 3), (3, 7))
     assert layout.visible[5].tolist() == [True, False, True, False, False, True, False]
-
-
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["--tree-shape", "2,1"], "--tree-shape needs --tree"),
-        (["--method", "traversal"], "needs --tree"),
-        (["--tree", "4", "--ngram"], "cannot be used with --ngram"),
-        (["--tree", "4", "--method", "block"], "verifies chains"),
-        (["--tree", "4", "--tree-shape", "3,3"], "more than --tree 4"),
-        (["--tree", "4", "--tree-shape", "x"], "comma-separated"),
-    ],
-)
-def test_cli_tree_options_are_checked(argv: list[str], message: str) -> None:
-    """``specsample generate`` tree options: each misuse gets a message naming it."""
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    with pytest.raises(ValueError, match=message):
-        tree_shape(parser.parse_args(["def f():", *argv]))

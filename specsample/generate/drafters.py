@@ -3,7 +3,7 @@
 Every drafter implements the small :class:`Drafter` protocol. The decoding loop
 (:mod:`specsample.generate.loop`) owns the committed tokens of every sequence
 (:class:`~specsample.generate.state.DecodeState`) and the sampling parameters
-(:class:`~specsample.generate.state.SamplingState`); a drafter reads them, proposes ``k``
+(:class:`~specsample.generate.sampling.SamplingState`); a drafter reads them, proposes ``k``
 tokens per active sequence and, when it samples them, returns the exact distributions it
 sampled from. Two drafters are provided:
 
@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
-from specsample.generate.state import DecodeState, Prefill, SamplingState
+from specsample.generate.sampling import SamplingState
+from specsample.generate.state import DecodeState, Prefill
 from specsample.generate.tree import TreeLayout, TreeShape, draw_children
 from specsample.random import inverse_cdf
 
 if TYPE_CHECKING:
-    from specsample.generate.hf import CachedLM
+    from specsample.adapter import CachedLM
 
 
 class Proposal(NamedTuple):
@@ -83,15 +84,11 @@ class Drafter(Protocol):
     def join(self, prefill: Prefill, state: DecodeState) -> None:
         """Sequences were appended to ``state`` (its last rows); ``prefill`` holds their prompts."""
 
-    def propose(
-        self, state: DecodeState, k: int, sampling: SamplingState, may_stop: bool = False
-    ) -> Proposal:
+    def propose(self, state: DecodeState, k: int, sampling: SamplingState) -> Proposal:
         """Propose up to ``k`` tokens for every active sequence (``[batch, m]``, ``m <= k``).
 
-        With ``may_stop`` the drafter may stop before ``k`` (even at 0) when it expects its
-        next draft to be rejected, judging from what it drafted so far (never from the draft
-        it would add, so the length is a stopping time of the drafts and verification stays
-        exact); otherwise it proposes exactly ``k``.
+        A drafter proposes fewer than ``k`` only where it cannot do more (a draft model near
+        the end of its context); how many to draft is the loop's choice.
         """
         ...
 
@@ -118,16 +115,6 @@ def _fit(logits: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.nn.functional.pad(logits, (0, vocab - width), value=-torch.inf)
 
 
-def _unsure(logits: torch.Tensor, probs: torch.Tensor | None, j: int, threshold: float) -> bool:
-    """Whether no sequence's next distribution puts ``threshold`` on one token.
-
-    ``probs[:, j]`` is the processed distribution when sampling; greedy batches judge the
-    softmax of the raw ``logits`` (``[batch, vocab]``). One host synchronisation.
-    """
-    dist = probs[:, j] if probs is not None else torch.softmax(logits.float(), dim=-1)
-    return bool(dist.amax(dim=-1).max() < threshold)
-
-
 class ModelDrafter:
     """A Hugging Face causal LM drafting with its own KV cache.
 
@@ -151,31 +138,21 @@ class ModelDrafter:
         A causal LM sharing the target's tokenizer (its vocabulary may be larger than the
         target's, never smaller; extra logits are dropped), whose forward honours an
         attention mask and explicit position ids together with a cache (see
-        :func:`specsample.generate.hf.check_masked_cache`); or a
-        :class:`~specsample.generate.hf.CachedLM` of one, to choose its options (such as
+        :func:`specsample.adapter.check_masked_cache`); or a
+        :class:`~specsample.adapter.CachedLM` of one, to choose its options (such as
         ``fused=False``).
-    stop_below : float
-        With adaptive draft lengths, stop drafting when no sequence's next draft
-        distribution puts this much probability on one token (default 0: never; a weak
-        draft model is often right with a flat distribution, so its confidence says little).
     """
 
     samples = True
 
-    def __init__(self, model: object, stop_below: float = 0.0) -> None:
-        from specsample.generate.hf import CachedLM
-
-        if isinstance(stop_below, bool) or not isinstance(stop_below, (int, float)):
-            raise TypeError(f"stop_below must be a number, got {type(stop_below).__name__}")
-        if not 0.0 <= stop_below <= 1.0:
-            raise ValueError(f"stop_below must be in [0, 1], got {stop_below}")
-        self.stop_below = float(stop_below)
+    def __init__(self, model: object) -> None:
+        from specsample.adapter import CachedLM
 
         self.lm: CachedLM = model if isinstance(model, CachedLM) else CachedLM(model, role="draft")
         self.name = f"model ({self.lm.describe()})"
         self._k = 0
         self._lag = 0
-        self._stopped = self._skipped = False
+        self._skipped = False
         self._lags = torch.zeros(0, dtype=torch.int64)
         self._pending = torch.zeros(0, dtype=torch.bool)
         self._pending_token = torch.zeros(0, dtype=torch.int64)
@@ -227,20 +204,13 @@ class ModelDrafter:
         self._lags.zero_()
         return self.lm.forward(ids, positions, valid=valid)[:, -1]
 
-    def propose(
-        self, state: DecodeState, k: int, sampling: SamplingState, may_stop: bool = False
-    ) -> Proposal:
+    def propose(self, state: DecodeState, k: int, sampling: SamplingState) -> Proposal:
         """Sample up to ``k`` drafts per sequence (``[batch, m]``) and their distributions.
 
         The distributions (``[batch, m, vocab]`` float32) are ``None`` in an all-greedy batch,
-        whose drafts are the argmaxes. With ``may_stop`` and a ``stop_below`` threshold,
-        drafting stops before draft ``j`` when, in every sequence, the largest probability
-        of the distribution it would be drawn from is below ``stop_below`` (as
-        ``transformers``' assistant confidence threshold, but judged before the draft is
-        drawn: the length depends on the drafts before ``j`` only, so verification stays
-        exact). Near the end of the draft model's context fewer drafts are proposed (none
-        when even the tokens it has not seen yet would not fit), so its cache never needs
-        more slots than its context allows.
+        whose drafts are the argmaxes. Near the end of the draft model's context fewer
+        drafts are proposed (none when even the tokens it has not seen yet would not fit),
+        so its cache never needs more slots than its context allows.
         """
         batch, vocab = state.batch, state.vocab_size
         device = state.tokens.device
@@ -263,15 +233,11 @@ class ModelDrafter:
             logits = _fit(logits, vocab)
             if probs is not None:
                 probs[:, j] = sampling.probs(logits)
-            if may_stop and self.stop_below > 0.0 and _unsure(logits, probs, j, self.stop_below):
-                drafts, probs = drafts[:, :j], None if probs is None else probs[:, :j]
-                break
             if probs is None or uniforms is None:
                 drafts[:, j] = logits.argmax(dim=-1)
                 continue
             drafts[:, j] = inverse_cdf(probs[:, j], uniforms[:, j])[0]
-        self._k = drafts.shape[1]
-        self._stopped = self._k < k
+        self._k = k
         self._drafts = drafts
         return Proposal(drafts, probs)
 
@@ -351,25 +317,16 @@ class ModelDrafter:
         self.lm.maybe_compact(state.max_length)
 
     def update(self, num_accepted: torch.Tensor, state: DecodeState) -> None:
-        """Mask the slots of rejected drafts; remember the last draft when all were accepted.
-
-        When drafting stopped early, the last draft was fed already (its forward judged the
-        next one), so it is masked or kept like the others and nothing is pending.
-        """
+        """Mask the slots of rejected drafts; remember the last draft when all were accepted."""
         if self._skipped:
             self.skip(state)
             return
         k = self._k
-        fed = self._stopped
-        tail = k if fed else k - 1
-        if tail > 0:
-            cols = torch.arange(1, tail + 1, device=num_accepted.device)
+        if k > 1:
+            cols = torch.arange(1, k, device=num_accepted.device)
             self.lm.set_tail_valid(cols <= num_accepted.unsqueeze(1))
-        if fed:
-            self._pending = torch.zeros_like(self._pending)
-        else:
-            self._pending = num_accepted == k
-            self._pending_token = self._drafts[:, -1]
+        self._pending = num_accepted == k
+        self._pending_token = self._drafts[:, -1]
         self.lm.maybe_compact(state.max_length)
 
     def skip(self, state: DecodeState) -> None:

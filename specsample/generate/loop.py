@@ -18,9 +18,12 @@ One step of :func:`speculative_generate`, for every active sequence at once:
    their places at once (continuous batching: their prompts are prefilled and join the
    caches).
 
-The steps are those of :mod:`specsample.generate.batch`. :func:`target_generate` runs the same
-loop without drafts: one target forward per token, sampled by the same
-:func:`specsample.verify` processing, so the two are directly comparable.
+The steps are those of :mod:`specsample.generate.step` over the active sequences of
+:mod:`specsample.generate.batch`. :func:`target_generate` runs the same loop without drafts:
+one target forward per token, sampled by the same :func:`specsample.verify` processing, so
+the two are directly comparable. Both are thin wrappers of a :class:`Decoder`, the reusable
+object that holds the models, the configuration and the draft-length policy's
+:class:`~specsample.generate.policy.PolicyMemory` across its calls.
 
 At most ``max_batch_size`` sequences are decoded at once, entering in prompt order; the
 output is in prompt order, and a seeded sequence's output depends only on its prompt, its
@@ -34,23 +37,35 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple, cast
 
 import torch
+from typing_extensions import TypedDict, Unpack
 
+from specsample.adapter import CachedLM, vocab_size
+from specsample.checks import check_flag
 from specsample.generate import inputs
-from specsample.generate.batch import (
+from specsample.generate.batch import Batch
+from specsample.generate.drafters import Drafter, ModelDrafter
+from specsample.generate.policy import PolicyMemory
+from specsample.generate.run import (
+    Callbacks,
     FinishCallback,
     ProgressCallback,
     Run,
     TokenCallback,
-    decode,
 )
-from specsample.generate.drafters import Drafter, ModelDrafter
-from specsample.generate.hf import CachedLM, vocab_size
-from specsample.generate.state import SamplingState
+from specsample.generate.sampling import SamplingState
 from specsample.generate.stats import GenerationStats
+from specsample.generate.step import decode
 from specsample.generate.tree import TreeShape
 from specsample.metadata import Scalars
-from specsample.methods import METHODS, chain_methods, check_method
-from specsample.rules.tree import Drafting, check_traversal_drafting, tree_method
+from specsample.methods import (
+    METHODS,
+    Drafting,
+    chain_methods,
+    check_method,
+    check_traversal_drafting,
+    tree_method,
+)
+from specsample.params import SamplingParams, Seeds
 
 MAX_K = 64
 """Most drafts per step. Every step costs ``k`` draft forwards and a target forward over
@@ -60,7 +75,8 @@ geometrically with ``k``; the random streams would allow up to
 
 
 class GenerationOutput(NamedTuple):
-    """What :func:`speculative_generate` and :func:`target_generate` return.
+    """What :meth:`Decoder.generate`, :func:`speculative_generate` and
+    :func:`target_generate` return.
 
     Attributes
     ----------
@@ -75,48 +91,33 @@ class GenerationOutput(NamedTuple):
     stats: GenerationStats
 
 
-def _generate(
-    target: Any,
-    prompts: object,
-    drafter: Drafter | None,
-    *,
-    k: int,
-    method: str,
-    sampling: dict[str, Any],
-    max_new_tokens: int | Sequence[int],
-    eos_token_id: int | Sequence[int] | None,
-    seeds: int | Sequence[int | None] | None,
-    generator: torch.Generator | None,
-    max_batch_size: int | None,
-    on_tokens: TokenCallback | None,
-    on_progress: ProgressCallback | None,
-    on_finish: FinishCallback | None,
-    adaptive: bool = False,
-    tree: TreeShape | None = None,
-) -> GenerationOutput:
-    """Validate the call, then decode the prompts ``max_batch_size`` at a time."""
-    lm = _target_lm(target)
-    prompt_ids = inputs.prompt_list(prompts)
-    count = len(prompt_ids)
-    budgets = inputs.token_budgets(prompt_ids, max_new_tokens, lm.vocab_size, lm.max_positions)
-    batch_size = inputs.check_int(
-        "max_batch_size", count if max_batch_size is None else max_batch_size, 1
-    )
-    state = SamplingState.build(
-        count, lm.device, seeds=inputs.seed_list(seeds, count), generator=generator, **sampling
-    )
-    eos = inputs.eos_ids(eos_token_id)
-    run = Run(lm, drafter, k, method, state, eos, on_tokens, on_progress, adaptive, on_finish, tree)
-    results: list[list[int]] = [[] for _ in prompt_ids]
-    with torch.inference_mode():
-        stats = decode(run, prompt_ids, budgets, batch_size, results)
-    return GenerationOutput(results, stats)
+class CallOptions(TypedDict, total=False):
+    """The keyword options of :func:`target_generate` (and of :func:`speculative_generate`),
+    as :func:`speculative_generate` documents them."""
+
+    temperature: Scalars
+    top_k: Scalars
+    top_p: Scalars
+    min_p: Scalars
+    seeds: int | Sequence[int | None] | None
+    generator: torch.Generator | None
+    max_new_tokens: int | Sequence[int]
+    eos_token_id: int | Sequence[int] | None
+    max_batch_size: int | None
+    on_tokens: TokenCallback | None
+    on_progress: ProgressCallback | None
+    on_finish: FinishCallback | None
 
 
-def _flag(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return value
+class SpeculativeOptions(CallOptions, total=False):
+    """The keyword options of :func:`speculative_generate`: those of :class:`CallOptions`
+    and the configuration of its :class:`Decoder`."""
+
+    k: int
+    method: str
+    adaptive: bool
+    tree: TreeShape | None
+    memory: PolicyMemory | None
 
 
 def _target_lm(target: Any) -> CachedLM:
@@ -173,45 +174,24 @@ def _check_context(k: int, lm: CachedLM) -> None:
         )
 
 
-def speculative_generate(
-    target: Any,
-    prompts: Sequence[Sequence[int]] | torch.Tensor,
-    drafter: Drafter | Any,
-    *,
-    k: int = 4,
-    method: str = "chain",
-    temperature: Scalars = 0.0,
-    top_k: Scalars = None,
-    top_p: Scalars = None,
-    min_p: Scalars = None,
-    max_new_tokens: int | Sequence[int] = 64,
-    eos_token_id: int | Sequence[int] | None = None,
-    seeds: int | Sequence[int | None] | None = None,
-    generator: torch.Generator | None = None,
-    max_batch_size: int | None = None,
-    on_tokens: TokenCallback | None = None,
-    on_progress: ProgressCallback | None = None,
-    on_finish: FinishCallback | None = None,
-    adaptive: bool = True,
-    tree: TreeShape | None = None,
-) -> GenerationOutput:
-    """Generate from ``target`` with speculative decoding, a batch of prompts at a time.
+class Decoder:
+    """A target (and a drafter) with the configuration of their decoding, reusable.
 
-    The output follows the target's processed distribution exactly (and, at temperature 0,
-    equals the target's greedy decoding token for token).
+    Every :meth:`generate` call decodes its prompts with the same models and rule; the
+    draft-length policy of every call starts from what the earlier calls given the same
+    :attr:`memory` measured (step timings) and saw (acceptance of first drafts).
 
     Parameters
     ----------
-    target : transformers.PreTrainedModel
+    target : transformers.PreTrainedModel or CachedLM
         The causal LM to sample from (eval mode). Its forward must honour an attention mask
-        and explicit position ids with a cache (:func:`specsample.generate.hf.check_masked_cache`).
-    prompts : sequence of sequences of int, or torch.Tensor
-        Token ids of each prompt (ragged), or a ``[batch, length]`` integer tensor.
-    drafter : Drafter or transformers.PreTrainedModel
+        and explicit position ids with a cache (:func:`specsample.adapter.check_masked_cache`).
+    drafter : Drafter or transformers.PreTrainedModel, optional
         A :class:`~specsample.generate.drafters.Drafter` (e.g. an
         :class:`~specsample.generate.ngram.NGramDrafter`), or a draft causal LM sharing
-        the target's tokenizer (wrapped in a :class:`~specsample.generate.drafters.ModelDrafter`).
-        A draft model's vocabulary (``config.vocab_size``) must be at least the target's.
+        the target's tokenizer (wrapped in a :class:`~specsample.generate.drafters.ModelDrafter`),
+        whose vocabulary (``config.vocab_size``) must be at least the target's. ``None``:
+        target-only decoding (``k``, ``method``, ``adaptive`` are then ignored).
     k : int
         Drafts per step (the most, with ``adaptive``), in ``[1, MAX_K]`` (64) and below the
         target's context (``max_position_embeddings``).
@@ -219,138 +199,280 @@ def speculative_generate(
         One of :func:`specsample.methods.chain_methods` ``(lossy=True)``: ``"chain"`` (token
         by token) or ``"block"`` (block verification; needs a drafter that samples, such as
         a draft model), both exact; or ``"typical"``: Medusa's typical acceptance, which is
-        LOSSY (its output does not follow the target's distribution; see
-        :mod:`specsample.rules.typical`).
-    temperature, top_k, top_p, min_p : scalar or sequence
-        Sampling parameters, one value or one per prompt, as in :func:`specsample.verify`
-        (temperature 0: greedy). The draft model's distributions get the same processing.
-    max_new_tokens : int or sequence of int
-        Most tokens generated per prompt (one value, or one per prompt), in
-        ``[1, MAX_NEW_TOKENS]`` (``2**20``; fewer if the target's context ends first).
-    eos_token_id : int or sequence of int, optional
-        A sequence stops after producing one of these.
-    seeds : int or sequence of (int or None), optional
-        Per-prompt seeds (an int ``s`` gives prompt ``i`` the seed ``s + i``); randomness is
-        keyed by ``(seed, absolute position)``, drafts and verification on streams of their
-        own. Unseeded prompts use ``generator``.
-    generator : torch.Generator, optional
-        Randomness of unseeded prompts (torch's default generator when ``None``).
-    max_batch_size : int, optional
-        Decode at most this many prompts at once (default: all). When a sequence finishes,
-        the next prompt takes its place before the next step. A step holds about
-        ``batch * (k + 1) * vocab`` logits (and as many draft probabilities), so memory grows
-        with it, not with the number of prompts.
-    on_tokens : callable, optional
-        ``on_tokens(prompt_index, new_token_ids)`` every step a sequence grows (one extra
-        host transfer per step).
-    on_progress : callable, optional
-        ``on_progress(finished_sequences, total_sequences, tokens_generated)`` every step.
-    on_finish : callable, optional
-        ``on_finish(prompt_index, token_ids)`` once per prompt, as soon as it finishes, with
-        its generated ids (what ``sequences[prompt_index]`` will hold).
+        LOSSY (its output does not follow the target's distribution; see the rule's
+        entry in :data:`specsample.methods.METHODS`).
     adaptive : bool
         Choose each step's draft length in ``0..k`` to maximise tokens per second, from the
         acceptance seen so far and the measured step times (:mod:`specsample.generate.policy`;
         0 is a plain decoding step). The choice reads nothing of the step's own randomness,
-        so the output law is unchanged. On by default; ``False`` drafts ``k`` every step.
+        so the output law is unchanged. ``False`` drafts ``k`` every step.
     tree : TreeShape, optional
         Draft a token tree of this shape every step instead of a chain
         (:mod:`specsample.generate.tree`): the draft model (``drafter`` must be one) expands
         it a level per forward, the target scores every node of every sequence's tree in ONE
         forward with a tree attention mask, and only the accepted path's cache slots are
         kept. ``method`` is then a tree rule exact for ``tree.drafting``
-        (:func:`specsample.rules.tree.tree_method`; the default ``"chain"`` stands for the
+        (:func:`specsample.methods.tree_method`; the default ``"chain"`` stands for the
         rule derived from it), or ``"traversal"`` (traversal verification, for sampled
         children), ``k`` and ``adaptive`` are ignored, and greedy rows follow the target's
         argmax down the tree.
-
-    Returns
-    -------
-    GenerationOutput
-        The generated ids per prompt and the run's :class:`GenerationStats`.
+    memory : PolicyMemory, optional
+        What the draft-length policy starts from and keeps up to date (default: a new one,
+        which this decoder's calls share).
 
     Raises
     ------
     TypeError
         An argument of the wrong type (``drafter`` neither a Drafter nor a causal LM, ...).
     ValueError
-        ``k``, ``max_new_tokens``, ``max_batch_size``, a prompt, a seed or a sampling
-        parameter out of range (the message names it); ``method`` unknown, or ``"block"``
-        with a drafter that does not sample; a draft model whose vocabulary is smaller than
-        the target's (both sizes named, before either model decodes); a model that does not
-        honour a masked cache.
+        ``k`` out of range; ``method`` unknown, or ``"block"`` with a drafter that does not
+        sample; a draft model whose vocabulary is smaller than the target's (both sizes
+        named, before either model decodes); a model that does not honour a masked cache.
     """
-    lm = _target_lm(target)
-    source = _as_drafter(drafter, lm)
-    if tree is not None:
-        method, k = _tree_rule(tree, method, source), tree.depth
-    else:
-        check_method(method, chain_methods(lossy=True))
-    inputs.check_int("k", k, 1, MAX_K)
-    _check_context(k if tree is None else tree.nodes, lm)
-    if tree is None and METHODS[method].needs_draft_probs and not source.samples:
-        raise ValueError(
-            f"method={method!r} needs draft distributions, which the {source.name} drafter "
-            "does not provide; use method='chain'"
+
+    def __init__(
+        self,
+        target: Any,
+        drafter: Drafter | Any | None = None,
+        *,
+        k: int = 4,
+        method: str = "chain",
+        adaptive: bool = True,
+        tree: TreeShape | None = None,
+        memory: PolicyMemory | None = None,
+    ) -> None:
+        self.lm = _target_lm(target)
+        if memory is not None and not isinstance(memory, PolicyMemory):
+            raise TypeError(f"memory must be a PolicyMemory, got {type(memory).__name__}")
+        self.memory = PolicyMemory() if memory is None else memory
+        self.tree = tree
+        if drafter is None:
+            if tree is not None:
+                raise ValueError("tree drafting needs a draft model; drafter is None")
+            self.drafter: Drafter | None = None
+            self.k, self.method, self.adaptive = 0, "chain", False
+            return
+        source = _as_drafter(drafter, self.lm)
+        if tree is not None:
+            method, k = _tree_rule(tree, method, source), tree.depth
+        else:
+            check_method(method, chain_methods(lossy=True))
+        inputs.check_int("k", k, 1, MAX_K)
+        _check_context(k if tree is None else tree.nodes, self.lm)
+        if tree is None and METHODS[method].needs_draft_probs and not source.samples:
+            raise ValueError(
+                f"method={method!r} needs draft distributions, which the {source.name} "
+                "drafter does not provide; use method='chain'"
+            )
+        self.drafter, self.k, self.method = source, k, method
+        self.adaptive = check_flag("adaptive", adaptive) and tree is None
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]] | torch.Tensor,
+        sampling: SamplingParams | None = None,
+        *,
+        max_new_tokens: int | Sequence[int] = 64,
+        eos_token_id: int | Sequence[int] | None = None,
+        max_batch_size: int | None = None,
+        callbacks: Callbacks | None = None,
+    ) -> GenerationOutput:
+        """Generate from the target, a batch of prompts at a time.
+
+        With a drafter, the output follows the target's processed distribution exactly
+        (and, at temperature 0, equals the target's greedy decoding token for token),
+        unless ``method="typical"``.
+
+        Parameters
+        ----------
+        prompts : sequence of sequences of int, or torch.Tensor
+            Token ids of each prompt (ragged), or a ``[batch, length]`` integer tensor.
+        sampling : SamplingParams, optional
+            What each prompt asks, one value or one per prompt (default: greedy,
+            ``SamplingParams(temperature=0.0)``): temperature, top-k, top-p and min-p as
+            in :func:`specsample.verify` (the draft model's distributions get the same
+            processing); ``seeds`` one per prompt (randomness keyed by ``(seed, absolute
+            position)``, drafts and verification on streams of their own); the other
+            prompts draw from ``generators`` or ``generator``.
+        max_new_tokens : int or sequence of int
+            Most tokens generated per prompt (one value, or one per prompt), in
+            ``[1, MAX_NEW_TOKENS]`` (``2**20``; fewer if the target's context ends first).
+        eos_token_id : int or sequence of int, optional
+            A sequence stops after producing one of these.
+        max_batch_size : int, optional
+            Decode at most this many prompts at once (default: all). When a sequence
+            finishes, the next prompt takes its place before the next step. A step holds
+            about ``batch * (k + 1) * vocab`` logits (and as many draft probabilities), so
+            memory grows with it, not with the number of prompts.
+        callbacks : Callbacks, optional
+            What to call while the prompts decode (``on_finish`` gets what
+            ``sequences[prompt_index]`` will hold).
+
+        Returns
+        -------
+        GenerationOutput
+            The generated ids per prompt and the run's :class:`GenerationStats`.
+
+        Raises
+        ------
+        TypeError
+            An argument of the wrong type.
+        ValueError
+            ``max_new_tokens``, ``max_batch_size``, a prompt, a seed or a sampling
+            parameter out of range (the message names it).
+
+        """
+        lm = self.lm
+        prompt_ids = inputs.prompt_list(prompts)
+        count = len(prompt_ids)
+        budgets = inputs.token_budgets(prompt_ids, max_new_tokens, lm.vocab_size, lm.max_positions)
+        size = inputs.check_int(
+            "max_batch_size", count if max_batch_size is None else max_batch_size, 1
         )
-    return _generate(
-        lm,
-        prompts,
-        source,
-        k=k,
-        method=method,
-        sampling={"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p},
-        max_new_tokens=max_new_tokens,
-        eos_token_id=eos_token_id,
-        seeds=seeds,
-        generator=generator,
-        max_batch_size=max_batch_size,
-        on_tokens=on_tokens,
-        on_progress=on_progress,
-        on_finish=on_finish,
-        adaptive=_flag("adaptive", adaptive) and tree is None,
-        tree=tree,
+        params = SamplingParams(temperature=0.0) if sampling is None else sampling
+        state = SamplingState.build(count, lm.device, params)
+        eos = inputs.eos_ids(eos_token_id)
+        if callbacks is not None and not isinstance(callbacks, Callbacks):
+            raise TypeError(f"callbacks must be a Callbacks, got {type(callbacks).__name__}")
+        run = Run(
+            lm=lm,
+            drafter=self.drafter,
+            k=self.k,
+            method=self.method,
+            sampling=state,
+            eos=torch.tensor(eos, dtype=torch.int64, device=lm.device) if eos else None,
+            callbacks=Callbacks() if callbacks is None else callbacks,
+            adaptive=self.adaptive,
+            tree=self.tree,
+            memory=self.memory,
+        )
+        results: list[list[int]] = [[] for _ in prompt_ids]
+        with torch.inference_mode():
+            stats = decode(Batch(run, prompt_ids, budgets, size), results)
+        return GenerationOutput(results, stats)
+
+
+def _seeds(seeds: object, prompts: object) -> Seeds | None:
+    """The seeds as :class:`SamplingParams` takes them: an int ``s`` gives prompt ``i`` the
+    seed ``s + i``; anything else as given (validated with the other parameters)."""
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        return inputs.seed_list(seeds, len(inputs.prompt_list(prompts)))
+    return cast("Seeds | None", seeds)
+
+
+def _call(decoder: Decoder, prompts: Any, options: CallOptions, name: str) -> GenerationOutput:
+    """``decoder.generate`` with the flat keyword ``options`` of the wrapper ``name``
+    gathered into objects (any other keyword is refused)."""
+    for option in options:
+        if option not in CallOptions.__optional_keys__:
+            raise TypeError(f"{name}() got an unexpected keyword argument {option!r}")
+    sampling = SamplingParams(
+        temperature=options.get("temperature", 0.0),
+        top_k=options.get("top_k"),
+        top_p=options.get("top_p"),
+        min_p=options.get("min_p"),
+        seeds=_seeds(options.get("seeds"), prompts),
+        generator=options.get("generator"),
     )
+    callbacks = Callbacks(
+        on_tokens=options.get("on_tokens"),
+        on_progress=options.get("on_progress"),
+        on_finish=options.get("on_finish"),
+    )
+    return decoder.generate(
+        prompts,
+        sampling,
+        max_new_tokens=options.get("max_new_tokens", 64),
+        eos_token_id=options.get("eos_token_id"),
+        max_batch_size=options.get("max_batch_size"),
+        callbacks=callbacks,
+    )
+
+
+def speculative_generate(
+    target: Any,
+    prompts: Sequence[Sequence[int]] | torch.Tensor,
+    drafter: Drafter | Any,
+    **options: Unpack[SpeculativeOptions],
+) -> GenerationOutput:
+    """Generate from ``target`` with speculative decoding, a batch of prompts at a time.
+
+    The output follows the target's processed distribution exactly (and, at temperature 0,
+    equals the target's greedy decoding token for token). A thin wrapper of
+    ``Decoder(target, drafter, k=..., ...).generate(prompts, ...)``: the keyword options
+    are gathered into a :class:`Decoder`, a :class:`~specsample.params.SamplingParams`
+    (whose ``temperature`` defaults to 0 here) and :class:`~specsample.generate.run.Callbacks`.
+
+    Parameters
+    ----------
+    target : transformers.PreTrainedModel or CachedLM
+        The causal LM to sample from (see :class:`Decoder`).
+    prompts : sequence of sequences of int, or torch.Tensor
+        Token ids of each prompt (ragged), or a ``[batch, length]`` integer tensor.
+    drafter : Drafter or transformers.PreTrainedModel
+        What proposes the drafts (see :class:`Decoder`).
+    **options
+        Keyword options, each optional. Those of the :class:`Decoder`: ``k`` (default 4),
+        ``method`` (``"chain"``), ``adaptive`` (``True``), ``tree`` and ``memory`` (default:
+        none, the call starts fresh; calls given the same one share what the draft-length
+        policy learnt). Those of :meth:`Decoder.generate`: ``max_new_tokens`` (default 64),
+        ``eos_token_id`` and ``max_batch_size``. The sampling parameters, one value or one
+        per prompt, as in :func:`specsample.verify`: ``temperature`` (default 0: greedy),
+        ``top_k``, ``top_p``, ``min_p``; ``seeds``, an int ``s`` giving prompt ``i`` the
+        seed ``s + i``, or one per prompt (randomness keyed by ``(seed, absolute
+        position)``); ``generator``, the randomness of unseeded prompts. The callbacks:
+        ``on_tokens(prompt_index, new_token_ids)`` every step a sequence grows,
+        ``on_progress(finished_sequences, total_sequences, tokens_generated)`` every step,
+        ``on_finish(prompt_index, token_ids)`` once per prompt as it finishes.
+
+    Returns
+    -------
+    GenerationOutput
+        What :meth:`Decoder.generate` returns.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :class:`Decoder` and :meth:`Decoder.generate` (the message names the argument);
+        ``TypeError`` for an unknown keyword.
+    """
+    decoder = Decoder(
+        target,
+        drafter,
+        k=options.pop("k", 4),
+        method=options.pop("method", "chain"),
+        adaptive=options.pop("adaptive", True),
+        tree=options.pop("tree", None),
+        memory=options.pop("memory", None),
+    )
+    return _call(decoder, prompts, options, "speculative_generate")
 
 
 def target_generate(
     target: Any,
     prompts: Sequence[Sequence[int]] | torch.Tensor,
-    *,
-    temperature: Scalars = 0.0,
-    top_k: Scalars = None,
-    top_p: Scalars = None,
-    min_p: Scalars = None,
-    max_new_tokens: int | Sequence[int] = 64,
-    eos_token_id: int | Sequence[int] | None = None,
-    seeds: int | Sequence[int | None] | None = None,
-    generator: torch.Generator | None = None,
-    max_batch_size: int | None = None,
-    on_tokens: TokenCallback | None = None,
-    on_progress: ProgressCallback | None = None,
-    on_finish: FinishCallback | None = None,
+    **options: Unpack[CallOptions],
 ) -> GenerationOutput:
     """Generate from ``target`` alone, one forward per token: the baseline to compare with.
 
     Tokens are drawn by :func:`specsample.verify` without drafts, so the processing
     (temperature, top-k, top-p, min-p; greedy at temperature 0) and the randomness keyed by
-    ``(seed, position)`` are those of :func:`speculative_generate`. Parameters and return
-    value are those of :func:`speculative_generate` (without ``drafter``, ``k`` and
-    ``method``).
+    ``(seed, position)`` are those of :func:`speculative_generate`. A thin wrapper of
+    ``Decoder(target).generate(prompts, ...)``.
+
+    Parameters
+    ----------
+    target : transformers.PreTrainedModel or CachedLM
+        The causal LM to sample from.
+    prompts : sequence of sequences of int, or torch.Tensor
+        The prompts, as :func:`speculative_generate` takes them.
+    **options
+        The keyword options of :func:`speculative_generate` but those of the
+        :class:`Decoder` (``k``, ``method``, ``adaptive``, ``tree``, ``memory``).
+
+    Returns
+    -------
+    GenerationOutput
+        What :meth:`Decoder.generate` returns.
     """
-    return _generate(
-        target,
-        prompts,
-        None,
-        k=0,
-        method="chain",
-        sampling={"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p},
-        max_new_tokens=max_new_tokens,
-        eos_token_id=eos_token_id,
-        seeds=seeds,
-        generator=generator,
-        max_batch_size=max_batch_size,
-        on_tokens=on_tokens,
-        on_progress=on_progress,
-        on_finish=on_finish,
-    )
+    return _call(Decoder(target), prompts, options, "target_generate")

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from specsample.generate.drafters import Proposal
-from specsample.generate.state import DecodeState, Prefill, SamplingState
+from specsample.generate.sampling import SamplingState
+from specsample.generate.state import DecodeState, Prefill
 
 
 def _check_int(label: str, value: object) -> int:
@@ -80,20 +81,12 @@ class NGramDrafter:
     def join(self, prefill: Prefill, state: DecodeState) -> None:
         """Nothing to prepare: the drafter reads the committed tokens."""
 
-    def propose(
-        self,
-        state: DecodeState,
-        k: int,
-        sampling: SamplingState | None,
-        may_stop: bool = False,
-    ) -> Proposal:
+    def propose(self, state: DecodeState, k: int, sampling: SamplingState | None) -> Proposal:
         """Propose ``k`` tokens per sequence from its own history (``[batch, k]``, one-hot).
 
-        With ``may_stop``, nothing (``[batch, 0]``) when no sequence found a match (one host
-        synchronisation): the step is then a plain decoding step. ``sampling`` says which
-        sequences are greedy (``None``: none is taken for greedy). The proposal's
-        ``drafting`` tells which sequences found a match (the others repeat their last
-        token).
+        ``sampling`` says which sequences are greedy (``None``: none is taken for greedy).
+        The proposal's ``drafting`` tells which sequences found a match (the others repeat
+        their last token).
         """
         width = min(self.window, state.max_length)
         cols = torch.arange(width, device=state.tokens.device)
@@ -112,8 +105,6 @@ class NGramDrafter:
             borrow = _Borrowed.find(state, self.min_ngram, self.max_ngram, self.window)
             borrow.rows &= sampling.metadata.greedy & (best < 0)
         drafting = best >= 0 if borrow is None else (best >= 0) | borrow.rows
-        if may_stop and not bool(drafting.any()):
-            k = 0
         steps = torch.arange(k, device=tokens.device)
         follow = best.unsqueeze(1) + steps % period.clamp(min=1).unsqueeze(1)
         last = (lengths - 1).unsqueeze(1).expand(-1, k)

@@ -4,13 +4,13 @@ A tree step drafts, per sequence, a tree whose root is the last committed token:
 has ``branching[0]`` children, each of them ``branching[1]``, and so on, ``len(branching)``
 levels deep. Nodes are numbered level by level (the root is node 0; a level's nodes are
 ordered by parent, then by drawing order), so a parent always precedes its children, as
-:func:`specsample.rules.tree.tree_verify` requires, and every level is a contiguous range of
+:func:`specsample.verify_tree` requires, and every level is a contiguous range of
 nodes that the draft model scores in one forward. The target then scores every node in ONE
 forward, each node attending to the committed tokens, its ancestors and itself (a tree
 attention mask) at the position of its depth.
 
 How the children of a node are drawn decides the exact rule (``drafting``, see
-:mod:`specsample.rules.tree`): ``"iid"`` draws them independently from the draft's
+:func:`specsample.methods.tree_method`): ``"iid"`` draws them independently from the draft's
 distribution (with replacement), ``"without_replacement"`` one after the other, each time
 without the tokens drawn already, and ``"deterministic"`` takes the draft's ``c`` most
 likely tokens (the only choice at temperature 0).
@@ -23,13 +23,8 @@ from typing import NamedTuple
 
 import torch
 
+from specsample.methods import MAX_STEP_TREE_NODES, tree_draftings
 from specsample.random import inverse_cdf
-
-DRAFTINGS = ("iid", "without_replacement", "deterministic")
-"""How children may be drawn (the ``drafting`` of :func:`specsample.rules.tree.tree_verify`)."""
-
-MAX_TREE_NODES = 64
-"""Most drafted nodes per tree (a step scores ``nodes + 1`` slots per sequence)."""
 
 
 class TreeShape(NamedTuple):
@@ -40,7 +35,7 @@ class TreeShape(NamedTuple):
     branching : tuple of int
         ``branching[d]`` children for every node of depth ``d`` (the root has depth 0).
     drafting : str
-        One of :data:`DRAFTINGS`.
+        One of :func:`specsample.methods.tree_draftings`.
 
     Examples
     --------
@@ -75,7 +70,8 @@ class TreeShape(NamedTuple):
         TypeError
             ``branching`` is not a sequence of int.
         ValueError
-            An empty shape, a count below 1, more than :data:`MAX_TREE_NODES` nodes, or an
+            An empty shape, a count below 1, more than
+            :data:`~specsample.methods.MAX_STEP_TREE_NODES` nodes, or an
             unknown ``drafting``.
 
         Examples
@@ -93,13 +89,13 @@ class TreeShape(NamedTuple):
                 raise TypeError(f"branching must hold ints, got {type(count).__name__}")
             if count < 1:
                 raise ValueError(f"branching counts must be at least 1, got {list(counts)}")
-        if drafting not in DRAFTINGS:
-            raise ValueError(f"drafting must be one of {DRAFTINGS}, got {drafting!r}")
+        if drafting not in tree_draftings():
+            raise ValueError(f"drafting must be one of {tree_draftings()}, got {drafting!r}")
         shape = TreeShape(counts, drafting)
-        if shape.nodes > MAX_TREE_NODES:
+        if shape.nodes > MAX_STEP_TREE_NODES:
             raise ValueError(
                 f"a tree of branching {list(counts)} has {shape.nodes} nodes, more than "
-                f"{MAX_TREE_NODES}"
+                f"{MAX_STEP_TREE_NODES}"
             )
         return shape
 
@@ -119,8 +115,10 @@ class TreeShape(NamedTuple):
         """
         if isinstance(budget, bool) or not isinstance(budget, int):
             raise TypeError(f"the tree budget must be an int, got {type(budget).__name__}")
-        if not 2 <= budget <= MAX_TREE_NODES:
-            raise ValueError(f"the tree budget must lie in [2, {MAX_TREE_NODES}], got {budget}")
+        if not 2 <= budget <= MAX_STEP_TREE_NODES:
+            raise ValueError(
+                f"the tree budget must lie in [2, {MAX_STEP_TREE_NODES}], got {budget}"
+            )
         return TreeShape.build([2] + [1] * ((budget - 2) // 2), drafting)
 
 
@@ -187,7 +185,7 @@ def draw_children(
     Parameters
     ----------
     drafting : str
-        One of :data:`DRAFTINGS`.
+        One of :func:`specsample.methods.tree_draftings`.
     logits : torch.Tensor
         ``[batch, nodes, vocab]`` the draft's logits after each node.
     probs : torch.Tensor or None

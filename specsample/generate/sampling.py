@@ -1,0 +1,288 @@
+"""The sampling parameters of the active sequences: validated once per call, selected by row.
+
+:class:`SamplingState` holds what the requests of the active sequences ask
+(:class:`specsample.params.Requests`: the validated :class:`~specsample.metadata.SamplingMetadata`
+and :class:`~specsample.random.Seeding`), the processing of the draft model's distributions
+and the draft randomness. :meth:`SamplingState.build` validates a call's
+:class:`~specsample.params.SamplingParams` once; :meth:`SamplingState.rows` selects the
+sequences a batch holds as they join and leave, without validating anything again.
+
+Draft randomness. A seeded sequence's draft samples read the counter stream
+:attr:`specsample.random.Stream.DRAFT`. A step whose first draft sits at absolute position
+``pos`` reads the stripe ``pos * DRAFT_STRIDE + j`` for its ``j``-th draft, ``j < k``. A
+per-token counter (the draft for position ``t`` reading counter ``t``) would not do: a step
+that accepts fewer than ``k - 1`` drafts redraws, in the next step, positions whose numbers
+the previous step already used, and block verification looks at every draft of a step, so
+its decision depends on those numbers. With the stripe, a sequence's position strictly
+increases from step to step, so no counter is ever read twice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+import torch
+
+from specsample.metadata import SamplingMetadata, Scalars
+from specsample.params import Requests, SamplingParams
+from specsample.probs import processed_probs
+from specsample.random import STEP_STRIDE, Seeding, Stream, stripe
+from specsample.seeding import check_seeds, seeding_from
+
+DRAFT_STRIDE = STEP_STRIDE
+"""Counters of :attr:`~specsample.random.Stream.DRAFT` a step may read per position, so at most
+``DRAFT_STRIDE`` drafts per step (the verifier's own bound, ``STEP_STRIDE - 1``, is tighter)."""
+
+_CPU = torch.device("cpu")
+
+
+def _on_host(value: Scalars) -> Scalars:
+    """A tensor parameter on the host (its values are then validated); others as given."""
+    return value.detach().cpu() if isinstance(value, torch.Tensor) else value
+
+
+def _moved(metadata: SamplingMetadata, device: torch.device) -> SamplingMetadata:
+    """``metadata``'s tensors on ``device`` (its host hints as they are)."""
+
+    def to(value: torch.Tensor | None) -> torch.Tensor | None:
+        return None if value is None else value.to(device, non_blocking=True)
+
+    return replace(
+        metadata,
+        inv_temperature=metadata.inv_temperature.to(device, non_blocking=True),
+        greedy=metadata.greedy.to(device, non_blocking=True),
+        top_k=to(metadata.top_k),
+        top_p=to(metadata.top_p),
+        min_p=to(metadata.min_p),
+    )
+
+
+def _narrowed(host: SamplingMetadata) -> SamplingMetadata:
+    """Host parameters of selected rows, with the filters none of them uses dropped and the
+    hints of those rows, as :meth:`SamplingMetadata.build` gives them for these rows alone.
+
+    Examples
+    --------
+    >>> meta = SamplingMetadata.build(2, _CPU, temperature=[0.0, 1.0], top_k=[0, 3])
+    >>> first = _narrowed(meta.rows(torch.tensor([0])))
+    >>> first.all_greedy, first.top_k, first.max_top_k
+    (True, None, 0)
+    """
+    top_k = None if host.top_k is None or not bool((host.top_k != 0).any()) else host.top_k
+    top_p = None if host.top_p is None or bool((host.top_p == 1.0).all()) else host.top_p
+    min_p = None if host.min_p is None or bool((host.min_p == 0.0).all()) else host.min_p
+    return replace(
+        host,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        all_greedy=bool(host.greedy.all()),
+        any_greedy=bool(host.greedy.any()),
+        max_top_k=0 if top_k is None else int(top_k.max()),
+    )
+
+
+def _host_seeds(seeds: torch.Tensor | list[int | None] | None) -> list[int | None] | None:
+    """Validated seeds as host values (a tensor's negative entries: unseeded)."""
+    if isinstance(seeds, torch.Tensor):
+        return [None if s < 0 else int(s) for s in seeds.tolist()]
+    return seeds
+
+
+class SamplingState:
+    """Per-sequence sampling parameters and random sources of the active sequences.
+
+    Build it for a call with :meth:`build`, then select the sequences of a batch with
+    :meth:`rows`. The processing is that of :mod:`specsample.probs` (temperature, top-k,
+    top-p, min-p; temperature 0 is greedy).
+
+    Parameters
+    ----------
+    requests : Requests
+        The validated parameters and random sources, on the batch's device.
+    host : SamplingMetadata
+        The same parameters on the host (what :meth:`rows` reads its hints from).
+    seeds : list of (int or None), optional
+        Per-sequence seeds, ``None``: unseeded.
+    generators : dict of int to torch.Generator
+        The sequences with a generator of their own, by row.
+
+    Attributes
+    ----------
+    requests : Requests
+        What :func:`specsample.verify`'s pipeline receives.
+    metadata : SamplingMetadata
+        Its parameters (``requests.sampling``).
+    seeding : Seeding
+        Its random sources (``requests.seeding``).
+    seeds : list of (int or None) or None
+        The seeds, on the host.
+
+    Examples
+    --------
+    >>> params = SamplingParams(temperature=[0.0, 0.5], seeds=[3, None])
+    >>> s = SamplingState.build(2, torch.device("cpu"), params)
+    >>> s.all_greedy, s.seeding.seeds.tolist(), s.rows([0]).all_greedy
+    (False, [3, -1], True)
+    """
+
+    def __init__(
+        self,
+        requests: Requests,
+        host: SamplingMetadata,
+        seeds: list[int | None] | None,
+        generators: Mapping[int, torch.Generator],
+    ) -> None:
+        self.requests = requests
+        self.metadata = requests.sampling
+        self.seeding = requests.seeding
+        self.host = host
+        self.seeds = seeds
+        self.generators = dict(generators)
+        self._expanded: dict[int, SamplingMetadata] = {}
+
+    @staticmethod
+    def build(batch: int, device: torch.device, params: SamplingParams) -> SamplingState:
+        """Validate what ``batch`` requests ask (``params``) once, for a batch on ``device``.
+
+        Raises
+        ------
+        ValueError, TypeError
+            Naming the parameter that is out of range or of the wrong type or length.
+        """
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams, got {type(params).__name__}")
+        host = SamplingMetadata.build(
+            batch,
+            _CPU,
+            temperature=_on_host(params.temperature),
+            top_k=_on_host(params.top_k),
+            top_p=_on_host(params.top_p),
+            min_p=_on_host(params.min_p),
+        )
+        seeds = _host_seeds(check_seeds(params.seeds, batch, device))
+        seeding = seeding_from(
+            batch, device, seeds=seeds, generators=params.generators, generator=params.generator
+        )
+        requests = Requests(_moved(host, device), seeding)
+        return SamplingState(requests, host, seeds, dict(seeding.generators))
+
+    @property
+    def device(self) -> torch.device:
+        """Where the batch lives."""
+        return self.metadata.greedy.device
+
+    @property
+    def all_greedy(self) -> bool:
+        """Every sequence decodes greedily (no distribution and no random number is needed)."""
+        return self.metadata.all_greedy
+
+    def rows(self, rows: Sequence[int]) -> SamplingState:
+        """The state of the sequences at ``rows`` (host indices), in that order.
+
+        Nothing is validated again: the parameters and random sources are those of the
+        selected rows, with the host hints and random sources a state built for these rows
+        alone would have.
+        """
+        rows = list(rows)
+        index = torch.tensor(rows, dtype=torch.int64)
+        host = _narrowed(self.host.rows(index))
+        device = self.device
+        index = index.to(device, non_blocking=True)
+        chosen = self.metadata.rows(index)
+        metadata = replace(
+            host,
+            inv_temperature=chosen.inv_temperature,
+            greedy=chosen.greedy,
+            top_k=None if host.top_k is None else chosen.top_k,
+            top_p=None if host.top_p is None else chosen.top_p,
+            min_p=None if host.min_p is None else chosen.min_p,
+        )
+        seeds = None if self.seeds is None else [self.seeds[i] for i in rows]
+        own = {j: self.generators[i] for j, i in enumerate(rows) if i in self.generators}
+        seeding = self._seeding(rows, index, seeds, own)
+        return SamplingState(Requests(metadata, seeding), host, seeds, own)
+
+    def _seeding(
+        self,
+        rows: list[int],
+        index: torch.Tensor,
+        seeds: list[int | None] | None,
+        own: dict[int, torch.Generator],
+    ) -> Seeding:
+        """The random sources of the sequences at ``rows`` (``index`` on the device), as
+        :meth:`Seeding.build` makes them for these rows alone, without copying seeds again."""
+        seeding = self.seeding
+        counted = seeds is not None and any(s is not None for s in seeds)
+        unseeded = [seeds is None or seeds[j] is None for j in range(len(rows))]
+        shared = [j for j, free in enumerate(unseeded) if free and j not in own]
+        shared_rows = None
+        if len(shared) < len(rows):
+            shared_rows = torch.tensor(shared, dtype=torch.int64).to(
+                index.device, non_blocking=True
+            )
+        return Seeding(
+            len(rows),
+            seeding.seeds[index] if counted and seeding.seeds is not None else None,
+            tuple(sorted(own.items(), key=lambda item: item[0])),
+            shared_rows,
+            seeding.generator,
+            seeding.seeded[index] if counted and seeding.seeded is not None else None,
+        )
+
+    def draft_uniforms(self, positions: torch.Tensor, k: int) -> torch.Tensor:
+        """``[batch, k]`` float64 uniforms of a step's draft samples.
+
+        Parameters
+        ----------
+        positions : torch.Tensor
+            ``[batch]`` int64 absolute position of each sequence's first draft.
+        k : int
+            Drafts per sequence, ``<= DRAFT_STRIDE``.
+
+        Seeded sequences read the stripe of ``positions`` in the
+        :attr:`~specsample.random.Stream.DRAFT` stream (see the module docstring), the others
+        their generator.
+
+        Examples
+        --------
+        >>> params = SamplingParams(temperature=1.0, seeds=[4, 4])
+        >>> s = SamplingState.build(2, torch.device("cpu"), params)
+        >>> u = s.draft_uniforms(torch.tensor([7, 7]), 3)
+        >>> u.shape, bool(torch.equal(u[0], u[1]))
+        (torch.Size([2, 3]), True)
+        """
+        counters = stripe(positions, self.metadata.batch, k, DRAFT_STRIDE, self.device)
+        return self.seeding.draw(self.device, [(Stream.DRAFT, counters)])
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Each row's processed distribution, as :func:`specsample.verify` processes the target.
+
+        Parameters
+        ----------
+        logits : torch.Tensor
+            ``[batch, vocab]`` or ``[batch, slots, vocab]``: one or several rows per sequence,
+            each processed with its sequence's parameters.
+
+        Returns
+        -------
+        torch.Tensor
+            float32 probabilities of the shape of ``logits``; greedy rows are the one-hot
+            distribution of their argmax.
+
+        Examples
+        --------
+        >>> params = SamplingParams(temperature=[1.0, 0.0], top_k=1)
+        >>> s = SamplingState.build(2, torch.device("cpu"), params)
+        >>> s.probs(torch.tensor([[0.0, 1.0], [3.0, 1.0]])).tolist()
+        [[0.0, 1.0], [1.0, 0.0]]
+        """
+        slots = math.prod(logits.shape[1:-1])
+        metadata = self._expanded.get(slots)
+        if metadata is None:
+            index = torch.arange(self.metadata.batch, device=self.device).repeat_interleave(slots)
+            metadata = self._expanded[slots] = self.metadata.rows(index)
+        rows = logits.reshape(-1, logits.shape[-1])
+        return processed_probs(rows, metadata).reshape(logits.shape)
