@@ -26,12 +26,10 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf", reason="writing a GGUF file needs the gguf package")
 pytest.importorskip("accelerate", reason="transformers loads GGUF files with accelerate")
 
-from specsample import cli  # noqa: E402
+from specsample import adapter, cli  # noqa: E402
+from specsample.cli.load import eos_token_ids, prompt_encoder  # noqa: E402
 from specsample.generate import (  # noqa: E402
     NGramDrafter,
-    command,
-    hf,
-    loading,
     speculative_generate,
     target_generate,
 )
@@ -50,7 +48,7 @@ PROMPTS = ("def parse(text):", "class Node:\n    def __init__(self, value):", "i
 
 @pytest.fixture(scope="module")
 def tokenizer_dir() -> Path:
-    pair = hf.default_pair()
+    pair = adapter.default_pair()
     if pair is None:
         pytest.fail("the default model pair is not installed")
     return pair[0]
@@ -159,7 +157,7 @@ def gguf_file(tmp_path_factory: pytest.TempPathFactory, original: Any, tokenizer
 
 @pytest.fixture(scope="module")
 def loaded(gguf_file: Path) -> dict[str, Any]:
-    return {"model": hf.load_model(gguf_file), "tokenizer": hf.load_tokenizer(gguf_file)}
+    return {"model": adapter.load_model(gguf_file), "tokenizer": adapter.load_tokenizer(gguf_file)}
 
 
 def test_the_gguf_file_loads_the_same_weights(loaded: dict[str, Any], original: Any) -> None:
@@ -179,15 +177,15 @@ def test_the_gguf_file_loads_the_same_weights(loaded: dict[str, Any], original: 
 def test_the_gguf_tokenizer_is_the_directory_one(
     loaded: dict[str, Any], tokenizer_dir: Path
 ) -> None:
-    hf.check_same_tokenizer(loaded["tokenizer"], hf.load_tokenizer(tokenizer_dir))
+    adapter.check_same_tokenizer(loaded["tokenizer"], adapter.load_tokenizer(tokenizer_dir))
     assert loaded["tokenizer"].chat_template == CHAT_TEMPLATE
 
 
 def test_gguf_header_and_description(gguf_file: Path, loaded: dict[str, Any]) -> None:
-    header = loading.read_gguf_header(gguf_file)
+    header = adapter.read_gguf_header(gguf_file)
     assert header.architecture == "llama" and header.quantized
     assert header.tensor_types == {"F32": 3 + 6 * LAYERS, "Q8_0": 3 * LAYERS}
-    text = loading.describe_model(loaded["model"], loading.model_source(gguf_file))
+    text = adapter.describe_model(loaded["model"], adapter.model_source(gguf_file))
     assert "parameters in float32" in text and "Q8_0 x6" in text
     assert text.endswith("dequantized to float32 by transformers")
 
@@ -213,7 +211,7 @@ def test_several_eos_ids_all_stop_generation(loaded: dict[str, Any]) -> None:
     before = model.generation_config.eos_token_id
     model.generation_config.eos_token_id = [first, second]
     try:
-        ends = command.eos_token_ids(tokenizer, model)
+        ends = eos_token_ids(tokenizer, model)
         assert ends == [0, first, second]
         for stop, ids in ((first, ends), (second, [0, second])):
             for drafter in (None, NGramDrafter()):
@@ -234,14 +232,14 @@ def test_the_command_stops_at_every_eos_id_of_the_generation_config(
     tokenizer = loaded["tokenizer"]
     free = target_generate(loaded["model"], [tokenizer.encode(PROMPTS[1])], max_new_tokens=12)
     ids = free.sequences[0]
-    load = hf.load_model
+    load = adapter.load_model
 
     def with_two_ends(path: Any, role: str = "target") -> Any:
         model = load(path, role=role)
         model.generation_config.eos_token_id = [ids[6], ids[3]]
         return model
 
-    monkeypatch.setattr(hf, "load_model", with_two_ends)
+    monkeypatch.setattr(adapter, "load_model", with_two_ends)
     source, destination = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text(json.dumps({"prompt": PROMPTS[1]}) + "\n")
     args = ["generate", "--input", str(source), "--output", str(destination), "--ngram"]
@@ -253,7 +251,7 @@ def test_the_command_stops_at_every_eos_id_of_the_generation_config(
 
 def _chat_reply(tokenizer: Any, model: Any, prompt: str, system: str | None = None) -> str:
     """transformers' greedy reply to ``prompt`` as a chat (16 tokens at most)."""
-    ids = command.prompt_encoder(tokenizer, chat=True, system=system)(prompt)
+    ids = prompt_encoder(tokenizer, chat=True, system=system)(prompt)
     head = [] if system is None else [{"role": "system", "content": system}]
     messages = [*head, {"role": "user", "content": prompt}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -327,6 +325,6 @@ def test_paths_that_hold_no_model_are_refused(
     err = capsys.readouterr().err
     assert message in err and str(path) in err and "expected" in err
     with pytest.raises(ValueError, match=message):
-        hf.load_model(path, role="draft")
+        adapter.load_model(path, role="draft")
     with pytest.raises(ValueError, match="expected"):
-        hf.load_tokenizer(path)
+        adapter.load_tokenizer(path)

@@ -3,8 +3,8 @@
 For each shape ``(batch, k, vocab)`` one run times, on the same inputs:
 
 * ``ours``: :class:`specsample.sampler.RejectionSampler`;
-* ``naive``: :func:`specsample.reference.naive_rejection_sample`, which builds the residual
-  and draws a recovered token at every position (``[batch, k, vocab]`` temporaries);
+* ``naive``: :func:`specsample.testing.reference.naive_rejection_sample`, which builds the
+  residual and draws a recovered token at every position (``[batch, k, vocab]`` temporaries);
 * ``hf``: transformers' ``_speculative_sampling`` (Algorithm 1 of Leviathan et al.), when
   transformers can be imported. It verifies one sequence per call and takes logits, so it is
   called once per sequence on ``log(probs)`` prepared beforehand and applies its own softmax;
@@ -36,18 +36,9 @@ The harness is kept apart from the verifier it measures: :mod:`specsample.bench.
 builds the inputs, :mod:`specsample.bench.measure` times calls cold and measures their peak
 memory (reusable for any calls), :mod:`specsample.bench.contestants` lists what is timed,
 :mod:`specsample.bench.runner` runs the shapes, :mod:`specsample.bench.table` prints the
-table and :mod:`specsample.bench.command` holds the command-line options.
+table; the ``specsample bench`` command is :mod:`specsample.cli.bench`.
 """
 
-from specsample.bench.command import (
-    MAX_REPEATS,
-    MAX_THREADS,
-    add_arguments,
-    int_in_range,
-    parse_positive_int,
-    parse_shape,
-    run_from_args,
-)
 from specsample.bench.contestants import CONTESTANTS, SLOW
 from specsample.bench.inputs import (
     DEFAULT_SHAPES,
@@ -80,12 +71,10 @@ __all__ = [
     "CONTESTANTS",
     "DEFAULT_SHAPES",
     "DRAFT_MIX",
-    "MAX_REPEATS",
     "MAX_SHAPE_BATCH",
     "MAX_SHAPE_K",
     "MAX_SHAPE_VALUES",
     "MAX_SHAPE_VOCAB",
-    "MAX_THREADS",
     "MIN_FLUSH_BYTES",
     "QUICK_SHAPES",
     "SLOW",
@@ -95,17 +84,12 @@ __all__ = [
     "CpuShare",
     "Flusher",
     "Shape",
-    "add_arguments",
     "cache_flush_bytes",
     "cold_medians",
     "correlated_logits",
     "extra_peak_bytes",
     "format_table",
-    "int_in_range",
     "make_inputs",
-    "parse_positive_int",
-    "parse_shape",
     "profile_calls",
     "run_benchmark",
-    "run_from_args",
 ]

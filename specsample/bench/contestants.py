@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from specsample.bench.inputs import BenchInputs
-from specsample.reference import naive_rejection_sample
 from specsample.sampler import RejectionSampler
+from specsample.testing.reference import naive_rejection_sample
 
 CONTESTANTS = ("ours", "naive", "hf", "floor")
 """Names of the timed contestants."""

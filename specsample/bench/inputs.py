@@ -43,18 +43,15 @@ DRAFT_MIX = 0.2
 
 
 class BenchInputs(NamedTuple):
-    """Inputs of one benchmark shape.
+    """Inputs of one benchmark shape: a chain verifier's arguments in order, then the bonus row.
 
     Attributes
     ----------
-    target_probs : torch.Tensor
-        ``[batch, k, vocab]`` target rows ``q``.
-    bonus_token_ids : torch.Tensor
-        ``[batch, 1]`` int64, sampled from ``bonus_probs``.
-    draft_probs : torch.Tensor
-        ``[batch, k, vocab]`` draft rows ``p``.
-    draft_token_ids : torch.Tensor
-        ``[batch, k]`` int64, sampled from ``draft_probs``.
+    target_probs, draft_probs : torch.Tensor
+        ``[batch, k, vocab]`` target rows ``q`` and draft rows ``p`` (fields 0 and 2).
+    bonus_token_ids, draft_token_ids : torch.Tensor
+        ``[batch, 1]`` and ``[batch, k]`` int64, sampled from ``bonus_probs`` and
+        ``draft_probs`` (fields 1 and 3).
     bonus_probs : torch.Tensor
         ``[batch, vocab]`` the target row after the last draft.
     """
@@ -66,7 +63,7 @@ class BenchInputs(NamedTuple):
     bonus_probs: torch.Tensor
 
 
-def _check_shape(shape: Sequence[int]) -> Shape:
+def check_shape(shape: Sequence[int]) -> Shape:
     """``shape`` as a :data:`Shape`, or a ``TypeError``/``ValueError`` naming it."""
     if len(shape) != 3 or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
         raise TypeError(f"a shape must be three integers (batch, k, vocab), got {shape!r}")
@@ -157,7 +154,7 @@ def make_inputs(
     >>> tuple(inputs.target_probs.shape), tuple(inputs.draft_token_ids.shape)
     ((2, 3, 50), (2, 3))
     """
-    batch, k, vocab = _check_shape((batch, k, vocab))
+    batch, k, vocab = check_shape((batch, k, vocab))
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(seed)
     z = torch.randn(batch, k + 1, vocab, generator=gen, device=device)

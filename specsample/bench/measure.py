@@ -6,20 +6,16 @@ import contextlib
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
+from specsample.timing import now, synchronize
+
 MIN_FLUSH_BYTES = 768 * 2**20
 """Smallest cache-flush buffer; it grows to twice the last-level cache where that is larger."""
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _last_level_cache_bytes() -> int:
@@ -70,7 +66,7 @@ class Flusher:
     def __call__(self) -> None:
         self.value += 1.0
         self.buffer.fill_(self.value)
-        _sync(self.device)
+        synchronize(self.device)
 
 
 def cold_medians(
@@ -106,10 +102,9 @@ def cold_medians(
             if round_index >= counts[name]:
                 continue
             flush()
-            start = time.perf_counter()
+            start = now()
             fn()
-            _sync(device)
-            times[name].append(time.perf_counter() - start)
+            times[name].append(now(device) - start)
     return {name: statistics.median(values) for name, values in times.items()}
 
 
@@ -180,11 +175,11 @@ def extra_peak_bytes(fn: Callable[[], object], device: str | torch.device = "cpu
     """
     device = torch.device(device)
     if device.type == "cuda":
-        _sync(device)
+        synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
         fn()
-        _sync(device)
+        synchronize(device)
         return max(0, torch.cuda.max_memory_allocated(device) - base)
     if device.type == "cpu":
         return _profiled_cpu_peak(fn)
@@ -220,11 +215,11 @@ class CpuShare:
         return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
     def __enter__(self) -> CpuShare:
-        self._start = (self._busy_seconds(), sum(os.times()[:2]), time.perf_counter())
+        self._start = (self._busy_seconds(), sum(os.times()[:2]), now())
         return self
 
     def __exit__(self, *exc: object) -> None:
-        busy, own, wall = self._busy_seconds(), sum(os.times()[:2]), time.perf_counter()
+        busy, own, wall = self._busy_seconds(), sum(os.times()[:2]), now()
         start_busy, start_own, start_wall = self._start
         cpus = os.cpu_count() or 1
         if busy is None or start_busy is None or wall <= start_wall:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -15,9 +14,11 @@ from specsample.bench.contestants import (
     _contestant_calls,
     _find_transformers_sampler,
 )
-from specsample.bench.inputs import DEFAULT_SHAPES, Shape, _check_shape, make_inputs
+from specsample.bench.inputs import DEFAULT_SHAPES, Shape, check_shape, make_inputs
 from specsample.bench.measure import Flusher, cache_flush_bytes, profile_calls
+from specsample.checks import check_int
 from specsample.stats import expected_acceptance
+from specsample.timing import Stopwatch
 
 
 class _Setup(NamedTuple):
@@ -69,10 +70,10 @@ def _checked_device(
     repeats: int, slow_repeats: int, threads: int | None, device: str | torch.device
 ) -> torch.device:
     """Validate the run's options; return the device, which must be the CPU or CUDA."""
-    if repeats < 1 or slow_repeats < 1:
-        raise ValueError(f"repeats and slow_repeats must be >= 1, got {repeats}, {slow_repeats}")
-    if threads is not None and threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
+    check_int("repeats", repeats, 1)
+    check_int("slow_repeats", slow_repeats, 1)
+    if threads is not None:
+        check_int("threads", threads, 1)
     device = torch.device(device)
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"the benchmark runs on cpu or cuda, got {device}")
@@ -81,12 +82,14 @@ def _checked_device(
     return device
 
 
-def _progress_line(index: int, total: int, shape: Shape, row: dict[str, Any], start: float) -> str:
+def _progress_line(
+    index: int, total: int, shape: Shape, row: dict[str, Any], seconds: float
+) -> str:
     return (
         f"[{index + 1}/{total}] batch={shape[0]} k={shape[1]} "
         f"vocab={shape[2]}: ours {row['ours_ms']:.3f} ms, "
         f"naive {row['naive_ms']:.1f} ms, floor {row['floor_ms']:.3f} ms "
-        f"({time.perf_counter() - start:.1f} s)"
+        f"({seconds:.1f} s)"
     )
 
 
@@ -104,12 +107,12 @@ def _run_shapes(
     }
     rows = []
     for index, shape in enumerate(shapes):
-        start = time.perf_counter()
+        watch = Stopwatch()
         row = _measure_shape(shape, setup, seed + index)
         row.update(method)
         rows.append(row)
         if progress:
-            line = _progress_line(index, len(shapes), shape, row, start)
+            line = _progress_line(index, len(shapes), shape, row, watch.elapsed())
             print(line, file=sys.stderr, flush=True)
     return rows
 
@@ -169,7 +172,8 @@ def run_benchmark(
     Raises
     ------
     TypeError
-        A shape is not three integers.
+        A shape is not three integers, or ``repeats``, ``slow_repeats`` or ``threads`` is not
+        an int.
     ValueError
         A shape is out of range (see :func:`make_inputs`); ``repeats``, ``slow_repeats``,
         ``threads`` or ``flush_bytes`` is not positive; or the device is neither an available
@@ -182,7 +186,7 @@ def run_benchmark(
     >>> rows[0]["batch"], rows[0]["ours_ms"] > 0
     (2, True)
     """
-    checked = [_check_shape(tuple(shape)) for shape in shapes]
+    checked = [check_shape(tuple(shape)) for shape in shapes]
     device = _checked_device(repeats, slow_repeats, threads, device)
     nbytes = cache_flush_bytes(device) if flush_bytes is None else flush_bytes
     if nbytes < 4:

@@ -1,5 +1,8 @@
 """``specsample generate --input prompts.jsonl --output out.jsonl``: files, resume, errors.
 
+Covers :mod:`specsample.cli.jsonl` (the file formats) and the file mode of
+:mod:`specsample.cli.generate`.
+
 End to end with the shipped default pair (one thread, at most 8 new tokens): a 100-prompt
 file with per-prompt parameters round-trips, its greedy lines equal target-only greedy
 decoding, and an interrupted run resumes with only the missing prompts. The models run in
@@ -17,8 +20,10 @@ from typing import Any
 
 import pytest
 
-from specsample import cli
-from specsample.generate import MAX_NEW_TOKENS, command, hf, jsonl, target_generate
+from specsample import adapter, cli
+from specsample.cli import generate, jsonl
+from specsample.cli.generate_args import FILE_BATCH_SIZE, add_arguments, batch_size
+from specsample.generate import MAX_NEW_TOKENS, target_generate
 
 SNIPPETS = (
     "def parse(text):",
@@ -33,7 +38,7 @@ SNIPPETS = (
 @pytest.fixture(scope="module")
 def target_dir() -> Path:
     pytest.importorskip("transformers")
-    pair = hf.default_pair()
+    pair = adapter.default_pair()
     if pair is None:
         pytest.fail("the default model pair is not installed")
     return pair[0]
@@ -42,9 +47,9 @@ def target_dir() -> Path:
 @pytest.fixture
 def float64(monkeypatch: pytest.MonkeyPatch, target_dir: Path) -> None:
     """Make the command load its models in float64."""
-    load = hf.load_model
+    load = adapter.load_model
     monkeypatch.setattr(
-        hf, "load_model", lambda path, role="target": load(path, role=role).double()
+        adapter, "load_model", lambda path, role="target": load(path, role=role).double()
     )
 
 
@@ -53,7 +58,7 @@ class _Calls:
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, dict[str, Any]]] = []
-        self.real = command.speculative_generate
+        self.real = generate.speculative_generate
 
     def __call__(self, target: Any, prompts: Any, drafter: Any, **kwargs: Any) -> Any:
         self.calls.append((len(prompts), kwargs))
@@ -63,13 +68,13 @@ class _Calls:
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> _Calls:
     recorder = _Calls()
-    monkeypatch.setattr(command, "speculative_generate", recorder)
+    monkeypatch.setattr(generate, "speculative_generate", recorder)
     return recorder
 
 
 def _args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    command.add_arguments(parser)
+    add_arguments(parser)
     return parser.parse_args(list(argv))
 
 
@@ -114,7 +119,7 @@ def test_hundred_prompts_round_trip(
     records = _hundred()
     _write(prompts, records)
     argv = ["--input", str(prompts), "--output", str(results), "--max-new-tokens", "8"]
-    assert command.run_from_args(_args(*argv, "-k", "3", "--seed", "7")) == 0
+    assert generate.run(_args(*argv, "-k", "3", "--seed", "7")) == 0
     captured = capsys.readouterr()
     assert "wrote 100 results" in captured.out and "tokens generated" in captured.out
     assert "100/100" in captured.err
@@ -135,8 +140,8 @@ def test_hundred_prompts_round_trip(
             assert result["completion_tokens"] == limit
 
     greedy = [(line, r) for line, r in given if "temperature" not in r]
-    tokenizer = hf.load_tokenizer(target_dir)
-    target = hf.load_model(target_dir).double()
+    tokenizer = adapter.load_tokenizer(target_dir)
+    target = adapter.load_model(target_dir).double()
     reference = target_generate(
         target,
         [tokenizer.encode(r["prompt"]) for _, r in greedy],
@@ -161,7 +166,7 @@ def test_resume_generates_only_the_missing_prompts(
     _write(prompts, records)
     argv = ["--input", str(prompts), "--output", str(results), "--max-new-tokens", "6"]
     args = _args(*argv, "--seed", "3", "--batch-size", "4", "--fixed-k")
-    assert command.run_from_args(args) == 0
+    assert generate.run(args) == 0
     assert calls.calls[0][0] == 12 and calls.calls[0][1]["adaptive"] is False
     assert calls.calls[0][1]["max_batch_size"] == 4
     full = results.read_text(encoding="utf-8").splitlines(keepends=True)
@@ -171,7 +176,7 @@ def test_resume_generates_only_the_missing_prompts(
     interrupted = "".join(kept) + full[7][: len(full[7]) // 2]
     results.write_text(interrupted, encoding="utf-8")
     capsys.readouterr()
-    assert command.run_from_args(args) == 0
+    assert generate.run(args) == 0
     captured = capsys.readouterr()
     assert "skipping 6 of 12 prompts already done" in captured.err
     assert "line 7 was cut short" in captured.err
@@ -181,7 +186,7 @@ def test_resume_generates_only_the_missing_prompts(
     assert sorted(resumed.splitlines(keepends=True)) == sorted(full)
 
     before = results.read_bytes()
-    assert command.run_from_args(args) == 0
+    assert generate.run(args) == 0
     assert "already in" in capsys.readouterr().out
     assert len(calls.calls) == 2 and results.read_bytes() == before
 
@@ -229,7 +234,7 @@ def test_bad_line_is_refused_before_anything_is_written(
     results.write_bytes(existing)
     args = _args("--input", str(prompts), "--output", str(results))
     with pytest.raises(ValueError, match="^" + str(prompts) + ":3: ") as error:
-        command.run_from_args(args)
+        generate.run(args)
     assert message in str(error.value)
     assert results.read_bytes() == existing and not calls.calls
 
@@ -288,7 +293,7 @@ def test_malformed_result_line_is_refused(tmp_path: Path, calls: _Calls, content
     _write(prompts, [{"prompt": "x"}])
     results.write_text(content)
     with pytest.raises(ValueError, match=f"^{results}:[12]: not a result record"):
-        command.run_from_args(_args("--input", str(prompts), "--output", str(results)))
+        generate.run(_args("--input", str(prompts), "--output", str(results)))
     assert results.read_text() == content and not calls.calls
 
 
@@ -296,7 +301,7 @@ def test_prompt_too_long_names_its_line(tmp_path: Path, target_dir: Path, calls:
     prompts, results = tmp_path / "prompts.jsonl", tmp_path / "out.jsonl"
     _write(prompts, [{"prompt": "x"}, {"prompt": "def f(): pass\n" * 400}])
     with pytest.raises(ValueError, match=f"^{prompts}:2: prompt has .* context is 1024"):
-        command.run_from_args(_args("--input", str(prompts), "--output", str(results)))
+        generate.run(_args("--input", str(prompts), "--output", str(results)))
     assert not results.exists() and not calls.calls
 
 
@@ -318,7 +323,7 @@ def test_argument_conflicts(
     _write(prompts, [{"prompt": "x"}])
     filled = [a.format(prompts=prompts, results=results) for a in argv]
     with pytest.raises(ValueError, match=message):
-        command.run_from_args(_args(*filled))
+        generate.run(_args(*filled))
     assert cli.main(["generate", *filled]) == 1
     error = capsys.readouterr().err
     assert error.startswith("specsample generate: error: ") and message in error
@@ -327,9 +332,9 @@ def test_argument_conflicts(
 
 
 def test_batch_size_defaults_and_adaptive_flag(calls: _Calls, target_dir: Path) -> None:
-    assert command.batch_size(_args("x")) == 1
-    assert command.batch_size(_args("--input", "p", "--output", "o")) == command.FILE_BATCH_SIZE
-    assert command.batch_size(_args("--input", "p", "--output", "o", "--batch-size", "3")) == 3
-    assert command.run_from_args(_args("def f():", "--max-new-tokens", "2", "--fixed-k")) == 0
-    assert command.run_from_args(_args("def f():", "--max-new-tokens", "2")) == 0
+    assert batch_size(_args("x")) == 1
+    assert batch_size(_args("--input", "p", "--output", "o")) == FILE_BATCH_SIZE
+    assert batch_size(_args("--input", "p", "--output", "o", "--batch-size", "3")) == 3
+    assert generate.run(_args("def f():", "--max-new-tokens", "2", "--fixed-k")) == 0
+    assert generate.run(_args("def f():", "--max-new-tokens", "2")) == 0
     assert [kwargs["adaptive"] for _, kwargs in calls.calls] == [False, True]

@@ -1,0 +1,153 @@
+"""Argument types and options that several commands share.
+
+Every option that sizes the work is bounded, and ``--help`` states the bound: out of range,
+the command refuses at once (a usage error, exit status 2) rather than running out of
+memory. :func:`int_in_range` is the type of such an option.
+
+Examples
+--------
+>>> parser = argparse.ArgumentParser()
+>>> add_threads_argument(parser, "torch may use")
+>>> parser.parse_args(["--threads", "2"]).threads
+2
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from specsample.testing import MAX_TABLE_ENTRIES
+
+MAX_THREADS = 256
+"""Most CPU threads ``--threads`` may ask for."""
+
+
+def int_in_range(low: int, high: int) -> Callable[[str], int]:
+    """A command-line type: an integer in ``[low, high]``.
+
+    Parameters
+    ----------
+    low, high : int
+        The bounds, both included.
+
+    Returns
+    -------
+    callable
+        ``parse(text) -> int``.
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        From the returned parser, when the text is not such an integer.
+
+    Examples
+    --------
+    >>> parse = int_in_range(1, 64)
+    >>> parse("64")
+    64
+    >>> parse("65")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected an integer in [1, 64], got 65
+    """
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            shown = repr(text) if value is None else value
+            raise argparse.ArgumentTypeError(f"expected an integer in [{low}, {high}], got {shown}")
+        return value
+
+    return parse
+
+
+def parse_positive_int(text: str) -> int:
+    """Parse a positive integer command-line value.
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        The text is not an integer ``>= 1``.
+
+    Examples
+    --------
+    >>> parse_positive_int("7")
+    7
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def probability(text: str) -> float:
+    """Parse a probability strictly between 0 and 1.
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        The text is not a number in ``(0, 1)``.
+
+    Examples
+    --------
+    >>> probability("1e-4")
+    0.0001
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}") from None
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {value}")
+    return value
+
+
+def add_threads_argument(parser: argparse.ArgumentParser, use: str, note: str = "") -> None:
+    """Add ``--threads``, the CPU threads torch may use, at most :data:`MAX_THREADS`.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+        The command's parser.
+    use : str
+        What the threads do, for the help: ``"CPU threads {use} ({note}at most ...)"``.
+    note : str
+        Said before the bound in the help (the default, advice), ending with ``"; "``.
+    """
+    parser.add_argument(
+        "--threads",
+        type=int_in_range(1, MAX_THREADS),
+        default=None,
+        help=f"CPU threads {use} ({note}at most {MAX_THREADS})",
+    )
+
+
+def add_vocab_argument(parser: argparse.ArgumentParser, what: str, where: str = "") -> None:
+    """Add ``--vocab``, the vocabulary of toy families (default 8), bounded by their table.
+
+    A family holds ``(k + 1) * vocab**2`` entries, at most
+    :data:`specsample.testing.MAX_TABLE_ENTRIES`.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+        The command's parser.
+    what : str
+        The help text before the default and the bound.
+    where : str
+        Said after the bound (for which ``k`` it holds).
+    """
+    bound = f"(k + 1) * vocab**2 <= 2**{MAX_TABLE_ENTRIES.bit_length() - 1}"
+    parser.add_argument(
+        "--vocab",
+        type=int_in_range(2, MAX_TABLE_ENTRIES),
+        default=8,
+        help=f"{what} (default 8; {bound}{where})",
+    )

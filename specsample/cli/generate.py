@@ -1,0 +1,265 @@
+"""``specsample generate``: batched speculative decoding of a prompt, or of a JSONL file.
+
+The run loads a target and a draft model (or prompt lookup) from local model directories or
+GGUF files, says on stderr what it loaded (:mod:`specsample.cli.load`), streams the text of
+the first sequence (batch 1) or reports progress on stderr, prints the run's statistics and,
+with ``--compare``, the wall-clock speedup over target-only decoding
+(:mod:`specsample.cli.output`). With ``--chat`` only the reply is printed.
+
+With ``--input prompts.jsonl --output out.jsonl`` it decodes every prompt of a JSONL file
+instead (per-prompt parameters, the command-line options as defaults; see
+:mod:`specsample.cli.jsonl`), ``--batch-size`` of them at a time (default 8), appends one
+result line per prompt as soon as it finishes, shows a progress bar on stderr, and resumes an
+interrupted run: prompts already in the output are skipped.
+
+The draft length is adaptive by default: each step drafts between 0 and ``k`` tokens, as the
+acceptance and step times seen so far suggest (exact either way); ``--fixed-k`` always
+drafts ``k``. The options and their bounds: :mod:`specsample.cli.generate_args`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from specsample.cli import jsonl
+from specsample.cli.generate_args import (
+    add_arguments,
+    batch_size,
+    check_arguments,
+    step_batch,
+    tree_shape,
+)
+from specsample.cli.load import eos_token_ids, load_models, model_paths, prepare_runtime
+from specsample.cli.output import (
+    Stream,
+    plot_acceptance,
+    print_sequences,
+    print_speedup,
+    print_stats,
+)
+from specsample.cli.progress import Progress, import_tqdm
+from specsample.generate.loop import speculative_generate, target_generate
+from specsample.generate.policy import PolicyMemory
+
+
+def add_parser(commands: Any) -> None:
+    """Add the ``generate`` command to the subparsers ``commands``."""
+    parser = commands.add_parser(
+        "generate",
+        help="generate text with batched speculative decoding",
+        description="Generate from a target causal LM with speculative decoding: a draft model "
+        "(--draft) or prompt lookup (--ngram) proposes k tokens, one target forward scores them "
+        "and exact verification keeps the target's distribution. Without --target, the default "
+        "pair installed under specsample/models/default is used.",
+    )
+    add_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``specsample generate`` as :func:`add_parser` configured it.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed options.
+
+    Returns
+    -------
+    int
+        The exit status, 0.
+
+    Raises
+    ------
+    ValueError
+        Options :func:`specsample.cli.generate_args.check_arguments` refuses; an empty
+        prompt, a bad line of the input file (``"{path}:{line}: "``, nothing written), a
+        malformed output file, a model path that is neither a model directory nor a GGUF
+        file, mismatched models, ``--chat`` with a tokenizer without a chat template, a
+        prompt that fills the context, or any argument
+        :func:`specsample.generate.speculative_generate` refuses.
+    ImportError
+        transformers (or, for ``--plot``, matplotlib; for ``--input``, tqdm; for a GGUF
+        file, gguf or accelerate) is not installed.
+    """
+    check_arguments(args)
+    if args.input is not None:
+        return _run_file(args)
+    if not args.prompt.strip():
+        raise ValueError("the prompt is empty")
+    target_path, draft_path = model_paths(args)
+    prepare_runtime(args.threads)
+    tokenizer, encode, target, drafter = load_models(target_path, draft_path, args)
+    prompt_ids = encode(args.prompt)
+    if not prompt_ids:
+        raise ValueError("the prompt is empty once tokenized")
+    copies = batch_size(args)
+    common = _sampling_options(args, eos_token_ids(tokenizer, target), copies)
+    common["max_batch_size"] = step_batch(args, target)
+    prompts = [prompt_ids] * copies
+    memory = PolicyMemory()
+    if args.compare:
+        _warm_up(args, target, drafter, prompt_ids, common, memory)
+    shown = [] if args.chat else prompt_ids
+    stream = Stream(tokenizer, shown) if copies == 1 else None
+    output = speculative_generate(
+        target,
+        prompts,
+        drafter,
+        **_drafting_options(args),
+        on_tokens=stream,
+        on_progress=None if stream is not None else Progress("speculative"),
+        memory=memory,
+        **common,
+    )
+    print_sequences(output, stream is not None, tokenizer, shown, args.method)
+    if args.compare:
+        baseline = target_generate(target, prompts, on_progress=Progress("target-only"), **common)
+        print_speedup(output, baseline)
+    if args.plot:
+        plot_acceptance(output.stats, args.plot)
+    return 0
+
+
+def _drafting_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Keyword arguments of :func:`specsample.generate.speculative_generate` on the drafts."""
+    return {
+        "k": args.k,
+        "method": args.method,
+        "adaptive": not args.fixed_k,
+        "tree": tree_shape(args),
+    }
+
+
+def _sampling_options(args: argparse.Namespace, eos: list[int], count: int) -> dict[str, Any]:
+    """Keyword arguments both decoding loops share for ``count`` copies of the prompt."""
+    return {
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "min_p": args.min_p,
+        "max_new_tokens": args.max_new_tokens,
+        "eos_token_id": eos,
+        "seeds": None if args.seed is None else [args.seed + i for i in range(count)],
+    }
+
+
+def _warm_up(
+    args: argparse.Namespace,
+    target: Any,
+    drafter: Any,
+    prompt_ids: list[int],
+    common: Any,
+    memory: PolicyMemory,
+) -> None:
+    """Run both loops on two tokens, so that the timed runs compare warm code paths (the
+    speculative one with ``memory``, the draft-length policy's memory of the timed run)."""
+    warm = {**common, "max_new_tokens": 2, "seeds": None}
+    speculative_generate(
+        target, [prompt_ids], drafter, **_drafting_options(args), memory=memory, **warm
+    )
+    target_generate(target, [prompt_ids], **warm)
+
+
+def _file_requests(args: argparse.Namespace) -> tuple[list[jsonl.Request], int]:
+    """The prompts of ``--input`` (all validated) that ``--output`` does not hold yet, and
+    the length of ``--output`` to keep (:attr:`specsample.cli.jsonl.Resume.keep_bytes`).
+
+    What is skipped, and a last output line cut short (to be dropped), is said on stderr.
+    """
+    source, destination = Path(args.input), Path(args.output)
+    if destination.exists() and destination.resolve() == source.resolve():
+        raise ValueError("--output must be another file than --input")
+    defaults = {name: getattr(args, name) for name in jsonl.PARAMETERS}
+    requests = jsonl.read_requests(source, defaults)
+    resume = jsonl.read_results(destination)
+    if resume.dropped_line is not None:
+        print(
+            f"{args.output}: line {resume.dropped_line} was cut short by an interrupted write; "
+            "dropping it",
+            file=sys.stderr,
+        )
+    todo = [request for request in requests if request.id not in resume.done]
+    if len(todo) < len(requests):
+        print(
+            f"{args.output}: skipping {len(requests) - len(todo)} of {len(requests)} prompts "
+            "already done",
+            file=sys.stderr,
+        )
+    if not todo:
+        print(f"all {len(requests)} prompts of {args.input} are already in {args.output}")
+    return todo, resume.keep_bytes
+
+
+def _encode_requests(
+    requests: list[jsonl.Request], encode: Callable[[str], list[int]], target: Any, source: str
+) -> list[list[int]]:
+    """The token ids of every prompt, refusing (by line) one that is empty or fills the context."""
+    context = getattr(getattr(target, "config", None), "max_position_embeddings", None)
+    prompts = []
+    for request in requests:
+        ids = encode(request.prompt)
+        if not ids:
+            raise ValueError(f"{source}:{request.line}: prompt is empty once tokenized")
+        if context is not None and len(ids) >= context:
+            raise ValueError(
+                f"{source}:{request.line}: prompt has {len(ids)} tokens but the target's "
+                f"context is {context} positions: nothing can be generated"
+            )
+        prompts.append(ids)
+    return prompts
+
+
+def _request_options(requests: list[jsonl.Request]) -> dict[str, Any]:
+    """Keyword arguments of the decoding loop: each sampling parameter, one per request."""
+    return {
+        "temperature": [request.temperature for request in requests],
+        "top_k": [request.top_k for request in requests],
+        "top_p": [request.top_p for request in requests],
+        "min_p": [request.min_p for request in requests],
+        "max_new_tokens": [request.max_new_tokens for request in requests],
+        "seeds": [request.seed for request in requests],
+    }
+
+
+def _run_file(args: argparse.Namespace) -> int:
+    """Decode every prompt of ``--input`` not yet in ``--output``, appending each result."""
+    todo, keep_bytes = _file_requests(args)
+    if not todo:
+        return 0
+    target_path, draft_path = model_paths(args)
+    prepare_runtime(args.threads)
+    tqdm = import_tqdm()
+    tokenizer, encode, target, drafter = load_models(target_path, draft_path, args)
+    prompts = _encode_requests(todo, encode, target, args.input)
+    eos = eos_token_ids(tokenizer, target)
+    ends = set(eos)
+    with (
+        jsonl.ResultWriter(args.output, keep_bytes) as writer,
+        tqdm(total=len(todo), unit="prompt", file=sys.stderr) as bar,
+    ):
+
+        def on_finish(index: int, token_ids: list[int]) -> None:
+            text = tokenizer.decode(token_ids, skip_special_tokens=True)
+            writer.write(todo[index], text, token_ids, jsonl.finish_reason(token_ids, ends))
+            bar.update(1)
+
+        output = speculative_generate(
+            target,
+            prompts,
+            drafter,
+            **_drafting_options(args),
+            **_request_options(todo),
+            eos_token_id=eos,
+            max_batch_size=min(batch_size(args), step_batch(args, target)),
+            on_progress=Progress(every=0.5, bar=bar),
+            on_finish=on_finish,
+        )
+    print(f"wrote {writer.written} results to {args.output}\n")
+    print_stats(output, args.method)
+    if args.plot:
+        plot_acceptance(output.stats, args.plot)
+    return 0

@@ -1,0 +1,319 @@
+"""The options of ``specsample generate``, and what they ask for once parsed.
+
+:func:`add_arguments` adds them; :func:`check_arguments` refuses the combinations that make
+no sense before anything is loaded; :func:`batch_size`, :func:`tree_shape` and
+:func:`step_batch` read back what the run needs.
+
+Every option that sizes the work is bounded (``--help`` states each bound): ``-k`` by
+:data:`specsample.generate.MAX_K`, ``--max-new-tokens`` by
+:data:`specsample.generate.MAX_NEW_TOKENS` (and the target's context), ``--batch-size`` by
+:data:`MAX_BATCH_SIZE`, ``--threads`` by :data:`specsample.cli.args.MAX_THREADS`; the copies
+of the prompt are decoded at most ``STEP_VALUES // ((k + 1) * vocab)`` at a time, so one step
+never holds more than :data:`STEP_VALUES` logits.
+
+Examples
+--------
+>>> parser = argparse.ArgumentParser()
+>>> add_arguments(parser)
+>>> args = parser.parse_args(["def f():", "--ngram", "-k", "8"])
+>>> args.k, args.fixed_k, args.max_new_tokens, batch_size(args)
+(8, False, 128, 1)
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from specsample import adapter
+from specsample.cli.args import add_threads_argument, int_in_range
+from specsample.generate.inputs import MAX_NEW_TOKENS
+from specsample.generate.loop import MAX_K
+from specsample.generate.tree import TreeShape
+from specsample.methods import MAX_STEP_TREE_NODES, chain_methods, tree_draftings, tree_methods
+
+MAX_BATCH_SIZE = 1024
+"""Most copies of the prompt (or, with ``--input``, sequences at once) ``--batch-size`` may
+ask for."""
+
+FILE_BATCH_SIZE = 8
+"""Sequences decoded at once with ``--input`` when ``--batch-size`` is not given."""
+
+STEP_VALUES = 1 << 24
+"""Most logits one step holds: the copies are decoded
+``max(1, STEP_VALUES // ((k + 1) * vocab))`` at a time (64 MiB of float32 logits per step)."""
+
+TREE_RULES = tree_methods()
+"""The rules ``--method`` accepts with ``--tree``."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``generate`` command's options to ``parser``.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+        The command's parser; :func:`specsample.cli.generate.run` reads the options back.
+    """
+    _add_source_arguments(parser)
+    _add_drafting_arguments(parser)
+    _add_sampling_arguments(parser)
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run target-only decoding and report the wall-clock speedup",
+    )
+    parser.add_argument(
+        "--plot", metavar="FILE.png", help="save a bar chart of acceptance by position"
+    )
+    parser.add_argument(
+        "--input",
+        metavar="FILE.jsonl",
+        help="generate for every prompt of a JSONL file instead of PROMPT: one object per "
+        'line, {"prompt": str, "id": str or int (default: the line number), and optionally '
+        '"max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed"} (missing fields '
+        "take the command-line values; a line without a seed gets SEED + its index); needs "
+        "--output",
+    )
+    parser.add_argument(
+        "--output",
+        metavar="FILE.jsonl",
+        help="with --input: append one JSON line per finished prompt (id, line, prompt, "
+        "completion, completion_tokens, finish_reason); prompts whose id it already holds "
+        "are skipped, so an interrupted run resumes",
+    )
+    add_threads_argument(
+        parser, "for torch", "default: torch's choice; 1 is often fastest on a busy machine; "
+    )
+
+
+def _add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """The prompt, the models and how the prompt is laid out."""
+    parser.add_argument(
+        "prompt",
+        nargs="?",
+        help="the prompt text (its tokens must leave room in the target's context); or pass "
+        "--input",
+    )
+    parser.add_argument(
+        "--target",
+        metavar="PATH",
+        help="target model: a directory (config.json, weights, tokenizer) or a .gguf file "
+        "(quantized tensors are dequantized by transformers at load time; local files only)",
+    )
+    parser.add_argument(
+        "--draft", metavar="PATH", help="draft model: a directory or a .gguf file, as --target"
+    )
+    parser.add_argument(
+        "--ngram", action="store_true", help="draft by prompt lookup instead of a draft model"
+    )
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="lay out the prompt (with --input: every prompt) as a user message with the "
+        "tokenizer's chat template (add_generation_prompt) and print only the reply; needs a "
+        "tokenizer with a chat template",
+    )
+    parser.add_argument(
+        "--system", metavar="MESSAGE", help="with --chat: a system message before each prompt"
+    )
+
+
+def _add_drafting_arguments(parser: argparse.ArgumentParser) -> None:
+    """The drafts per step, the verification rule and the token tree."""
+    parser.add_argument(
+        "-k",
+        type=int_in_range(1, MAX_K),
+        default=4,
+        help=f"most drafts per step, or with --fixed-k drafts per step (default 4, at most "
+        f"{MAX_K} and below the target's context)",
+    )
+    parser.add_argument(
+        "--fixed-k",
+        action="store_true",
+        help="always draft k tokens (default: choose each step's draft length in 0..k, k "
+        "being the maximum, from the acceptance and step times seen so far; exact either way)",
+    )
+    exact = chain_methods()
+    lossy = [name for name in chain_methods(lossy=True) if name not in exact]
+    parser.add_argument(
+        "--method",
+        choices=[*chain_methods(lossy=True), *TREE_RULES],
+        default=exact[0],
+        help=f"verification rule: {' or '.join(exact)} (exact), {', '.join(lossy)} (LOSSY: the "
+        "output does not follow the target's distribution); with --tree, one of "
+        f"{', '.join(TREE_RULES)} (default: the rule --tree-drafting calls for)",
+    )
+    parser.add_argument(
+        "--tree",
+        metavar="NODES",
+        type=int_in_range(2, MAX_STEP_TREE_NODES),
+        help="draft a token tree of at most NODES nodes per step with the draft model (two "
+        "branches from the root, each a chain), scored in one target forward",
+    )
+    parser.add_argument(
+        "--tree-shape",
+        metavar="C1,C2,...",
+        help="with --tree: children per node at each depth instead (e.g. 3,2,1)",
+    )
+    parser.add_argument(
+        "--tree-drafting",
+        choices=tree_draftings(),
+        default=tree_draftings()[0],
+        help=f"with --tree: how children are drawn (default {tree_draftings()[0]}; temperature 0 "
+        "always takes the draft's most likely tokens)",
+    )
+
+
+def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    """Sampling parameters, batch size, length and seed."""
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)"
+    )
+    parser.add_argument("--top-k", type=int, default=0, help="top-k filter (default 0: off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="top-p filter (default 1: off)")
+    parser.add_argument("--min-p", type=float, default=0.0, help="min-p filter (default 0: off)")
+    parser.add_argument(
+        "--batch-size",
+        type=int_in_range(1, MAX_BATCH_SIZE),
+        default=None,
+        help=f"copies of the prompt decoded together (default 1), or with --input the "
+        f"sequences decoded at once (default {FILE_BATCH_SIZE}); at most {MAX_BATCH_SIZE}, and "
+        f"at most {STEP_VALUES} // ((k + 1) * vocab) at a time, so that a step holds at most "
+        f"{STEP_VALUES} logits",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int_in_range(1, MAX_NEW_TOKENS),
+        default=128,
+        help=f"tokens per sequence (default 128, at most {MAX_NEW_TOKENS}; fewer where the "
+        "target's context ends)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int_in_range(0, (1 << 64) - 1),
+        default=None,
+        help="seed of sequence i (with --input: of the file's i-th prompt, from 0) is SEED + i "
+        "(default: unseeded)",
+    )
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse a prompt together with ``--input`` (or neither), unpaired options, a bad tree.
+
+    Raises
+    ------
+    ValueError
+        Neither or both of a prompt and ``--input``, ``--input`` without ``--output`` (or
+        the reverse), ``--compare`` with ``--input``, ``--system`` without ``--chat``, a
+        prompt or system message that is not text, or tree options :func:`tree_shape`
+        refuses.
+    """
+    if args.input is not None and args.prompt is not None:
+        raise ValueError("pass a prompt or --input FILE.jsonl, not both")
+    if args.input is None and args.prompt is None:
+        raise ValueError("pass a prompt, or --input FILE.jsonl with --output FILE.jsonl")
+    if args.output is not None and args.input is None:
+        raise ValueError("--output needs --input FILE.jsonl")
+    if args.input is not None and args.output is None:
+        raise ValueError("--input needs --output FILE.jsonl (where the results are appended)")
+    if args.input is not None and args.compare:
+        raise ValueError("--compare is not supported with --input")
+    if args.system is not None and not args.chat:
+        raise ValueError("--system needs --chat")
+    for name, text in (("the prompt", args.prompt), ("--system", args.system)):
+        if text is not None and not _is_text(text):
+            raise ValueError(f"{name} is not valid text: it holds bytes that are not UTF-8")
+    tree_shape(args)
+
+
+def _is_text(value: str) -> bool:
+    """Whether ``value`` is text (command-line bytes that were not UTF-8 decode to surrogates)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def batch_size(args: argparse.Namespace) -> int:
+    """``--batch-size``, or its default: 1, or :data:`FILE_BATCH_SIZE` with ``--input``.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Options parsed by a parser :func:`add_arguments` configured.
+
+    Returns
+    -------
+    int
+        Copies of the prompt, or with ``--input`` sequences decoded at once.
+    """
+    if args.batch_size is not None:
+        return int(args.batch_size)
+    return FILE_BATCH_SIZE if args.input is not None else 1
+
+
+def tree_shape(args: argparse.Namespace) -> TreeShape | None:
+    """The tree ``--tree`` and ``--tree-shape`` ask for (``None``: chain drafting).
+
+    Raises
+    ------
+    ValueError
+        A tree option without ``--tree``, with ``--ngram``, a chain-only ``--method``, a
+        malformed shape or one of more nodes than ``--tree`` allows.
+
+    Examples
+    --------
+    >>> parser = argparse.ArgumentParser()
+    >>> add_arguments(parser)
+    >>> tree_shape(parser.parse_args(["x", "--tree", "6"])).branching
+    (2, 1, 1)
+    """
+    if args.tree is None:
+        if args.tree_shape is not None:
+            raise ValueError("--tree-shape needs --tree NODES")
+        if args.method in TREE_RULES:
+            raise ValueError(f"--method {args.method} verifies token trees: it needs --tree NODES")
+        return None
+    if args.ngram:
+        raise ValueError("--tree drafts with the draft model; it cannot be used with --ngram")
+    if args.method not in (chain_methods()[0], *TREE_RULES):
+        raise ValueError(f"--method {args.method} verifies chains; with --tree use {TREE_RULES}")
+    if args.tree_shape is None:
+        return TreeShape.for_budget(args.tree, args.tree_drafting)
+    try:
+        counts = [int(part) for part in args.tree_shape.split(",")]
+    except ValueError:
+        raise ValueError(
+            f"--tree-shape must be comma-separated counts such as 3,2,1, got {args.tree_shape!r}"
+        ) from None
+    shape = TreeShape.build(counts, args.tree_drafting)
+    if shape.nodes > args.tree:
+        raise ValueError(
+            f"--tree-shape {args.tree_shape} has {shape.nodes} nodes, more than --tree {args.tree}"
+        )
+    return shape
+
+
+def step_batch(args: argparse.Namespace, target: Any) -> int:
+    """Sequences decoded at once: as many as keep one step's logits under :data:`STEP_VALUES`.
+
+    A step scores ``k + 1`` slots per sequence, or with a tree its nodes and root, each a row
+    of the target's vocabulary.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed options.
+    target : transformers.PreTrainedModel
+        The target model (its vocabulary size).
+
+    Returns
+    -------
+    int
+        At least 1.
+    """
+    shape = tree_shape(args)
+    slots = args.k + 1 if shape is None else shape.nodes + 1
+    return max(1, STEP_VALUES // (slots * adapter.vocab_size(target)))

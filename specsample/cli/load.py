@@ -1,0 +1,211 @@
+"""What ``specsample generate`` loads: the model pair, the tokenizer and how prompts are encoded.
+
+Models come from local model directories or GGUF files (quantized GGUF tensors are
+dequantized by transformers at load time; see :mod:`specsample.adapter.loading`); each one
+loaded is described on stderr (parameters, dtype, memory, the forward that runs it). With
+``--chat`` each prompt becomes the user message of a conversation (after the ``--system``
+message, if given) laid out by the tokenizer's chat template. Generation stops at every
+end-of-sequence id of the tokenizer and of the target's generation config
+(:func:`eos_token_ids`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from specsample import adapter, models
+from specsample.generate.inputs import eos_ids
+from specsample.generate.ngram import NGramDrafter
+
+
+def model_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
+    """The target and draft paths (``None``: prompt lookup) the options ask for.
+
+    Without ``--target`` the default pair installed under
+    :data:`specsample.models.DEFAULT_DIR` is used (its draft replaced by ``--draft`` or
+    ``--ngram``).
+
+    Raises
+    ------
+    ValueError
+        ``--draft`` with ``--ngram``, ``--target`` with neither, or no ``--target`` and no
+        default pair installed.
+    """
+    if args.draft is not None and args.ngram:
+        raise ValueError("pass --draft PATH or --ngram, not both")
+    if args.target is None:
+        pair = adapter.default_pair()
+        if pair is None:
+            raise ValueError(
+                "no default model pair is installed (expected "
+                f"{models.DEFAULT_DIR}/target and .../draft): pass --target PATH with "
+                "--draft PATH or --ngram"
+            )
+        if args.draft is not None:
+            return pair[0], Path(args.draft)
+        return pair[0], None if args.ngram else pair[1]
+    if args.draft is None and not args.ngram:
+        raise ValueError("--target needs --draft PATH or --ngram")
+    return Path(args.target), None if args.ngram else Path(args.draft)
+
+
+def prepare_runtime(threads: int | None) -> None:
+    """Check that transformers is installed, silence its progress bars, set torch's threads.
+
+    Raises
+    ------
+    ImportError
+        transformers is not installed.
+    """
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        raise ImportError(
+            "generate needs transformers; install it with: pip install 'specsample[hf]'"
+        ) from None
+    hf_logging.disable_progress_bar()
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def _load_model(path: Path, role: str) -> Any:
+    """Load one model, check its cache handling and say on stderr what was loaded and which
+    forward runs it."""
+    model = adapter.load_model(path, role=role)
+    runs = adapter.CachedLM(model, role=role).runs
+    description = adapter.describe_model(model, adapter.model_source(path, role=role))
+    print(f"{role}: {path}: {description}; {runs}", file=sys.stderr, flush=True)
+    return model
+
+
+def load_models(
+    target_path: Path, draft_path: Path | None, args: argparse.Namespace
+) -> tuple[Any, Callable[[str], list[int]], Any, Any]:
+    """The tokenizer, its prompt encoder, the target model and the drafter.
+
+    The drafter is the draft model, or prompt lookup when ``draft_path`` is ``None``. Both
+    paths are checked (:func:`specsample.adapter.model_source`) before anything is
+    loaded, and the tokenizers (``--chat`` included) before the models.
+
+    Parameters
+    ----------
+    target_path, draft_path : Path
+        From :func:`model_paths`.
+    args : argparse.Namespace
+        The options (``--chat``, ``--system``).
+
+    Returns
+    -------
+    tuple
+        ``(tokenizer, encode, target, drafter)``.
+    """
+    adapter.model_source(target_path, role="target")
+    if draft_path is not None:
+        adapter.model_source(draft_path, role="draft")
+    tokenizer = adapter.load_tokenizer(target_path, role="target")
+    encode = prompt_encoder(tokenizer, chat=args.chat, system=args.system)
+    if draft_path is not None:
+        adapter.check_same_tokenizer(tokenizer, adapter.load_tokenizer(draft_path, role="draft"))
+    target = _load_model(target_path, "target")
+    if draft_path is None:
+        return tokenizer, encode, target, NGramDrafter()
+    return tokenizer, encode, target, _load_model(draft_path, "draft")
+
+
+def eos_token_ids(tokenizer: Any, target: Any) -> list[int]:
+    """Every end-of-sequence id: the tokenizer's, then those of the target's generation config.
+
+    A generation config's ``eos_token_id`` may be one id or a list of them (chat models list
+    their end-of-turn tokens there); duplicates are dropped.
+
+    Parameters
+    ----------
+    tokenizer : transformers.PreTrainedTokenizerBase
+        Its ``eos_token_id`` (an int or ``None``).
+    target : transformers.PreTrainedModel
+        Its ``generation_config.eos_token_id``, if any.
+
+    Returns
+    -------
+    list of int
+        The ids, in that order (empty: generation stops only at its length).
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[2, 7]))
+    >>> eos_token_ids(SimpleNamespace(eos_token_id=7), model)
+    [7, 2]
+    """
+    config = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
+    found = eos_ids(tokenizer.eos_token_id) + eos_ids(config)
+    return list(dict.fromkeys(found))
+
+
+def _chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The token ids of ``messages`` laid out by the chat template, ready for the reply."""
+    from jinja2 import TemplateError
+
+    try:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    except TemplateError as error:
+        raise ValueError(f"--chat: the tokenizer's chat template failed: {error}") from None
+    if isinstance(ids, Mapping):
+        ids = ids["input_ids"]
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()
+    return [int(t) for t in ids]
+
+
+def prompt_encoder(
+    tokenizer: Any, *, chat: bool = False, system: str | None = None
+) -> Callable[[str], list[int]]:
+    """How prompts become token ids: plain encoding, or with ``chat`` the chat template.
+
+    With ``chat`` a prompt becomes the user message of a conversation, after the ``system``
+    message when one is given, laid out by ``tokenizer.apply_chat_template`` with
+    ``add_generation_prompt=True`` (so the ids end where the assistant's reply begins).
+
+    Parameters
+    ----------
+    tokenizer : transformers.PreTrainedTokenizerBase
+        The target's tokenizer.
+    chat : bool
+        Apply the chat template (``--chat``).
+    system : str, optional
+        The system message (``--system``); only with ``chat``.
+
+    Returns
+    -------
+    callable
+        ``encode(prompt) -> list[int]``.
+
+    Raises
+    ------
+    ValueError
+        ``system`` without ``chat``, or ``chat`` with a tokenizer that has no chat template.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> tokenizer = SimpleNamespace(encode=lambda text: [ord(c) for c in text])
+    >>> prompt_encoder(tokenizer)("ab")
+    [97, 98]
+    """
+    if system is not None and not chat:
+        raise ValueError("--system needs --chat")
+    if not chat:
+        return lambda text: list(tokenizer.encode(text))
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "--chat needs a tokenizer with a chat template, and the target's tokenizer has "
+            "none (its tokenizer_config.json, or the GGUF file, sets no chat_template)"
+        )
+    head = [] if system is None else [{"role": "system", "content": system}]
+    return lambda text: _chat_ids(tokenizer, [*head, {"role": "user", "content": text}])

@@ -1,0 +1,126 @@
+"""What ``specsample generate`` prints: the streamed text, the sequences, the statistics.
+
+The text of the first sequence is streamed as it is generated (batch 1, :class:`Stream`);
+otherwise every sequence is printed at the end. Then come the run's statistics
+(:func:`print_stats`), with ``--compare`` the target-only statistics and the wall-clock
+speedup (:func:`print_speedup`), and with ``--plot`` a bar chart of the acceptance by draft
+position (:func:`plot_acceptance`).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from specsample.methods import METHODS
+
+
+class Stream:
+    """Print the prompt (none when ``prompt_ids`` is empty), then sequence 0 as it arrives.
+
+    The whole sequence is decoded each time and only the new suffix printed, so tokens that
+    merge with their neighbours (spaces, multi-byte characters) print correctly. An instance
+    is the ``on_tokens`` callback of :func:`specsample.generate.speculative_generate`.
+
+    Parameters
+    ----------
+    tokenizer : transformers.PreTrainedTokenizerBase
+        Decodes the ids.
+    prompt_ids : list of int
+        The prompt, printed first.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens: "".join(map(chr, ids)))
+    >>> stream = Stream(tokenizer, [104, 105])
+    hi
+    >>> stream(0, [33])
+    !
+    """
+
+    def __init__(self, tokenizer: Any, prompt_ids: list[int]) -> None:
+        self.tokenizer = tokenizer
+        self.ids = list(prompt_ids)
+        if not self.ids:
+            self.printed = ""
+            return
+        self.printed = tokenizer.decode(self.ids, skip_special_tokens=True)
+        sys.stdout.write(self.printed)
+        sys.stdout.flush()
+
+    def __call__(self, index: int, token_ids: list[int]) -> None:
+        """Print what ``token_ids``, new tokens of sequence ``index`` (0), add to the text."""
+        self.ids.extend(token_ids)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd") or not text.startswith(self.printed):
+            return
+        sys.stdout.write(text[len(self.printed) :])
+        sys.stdout.flush()
+        self.printed = text
+
+
+def print_sequences(
+    output: Any, streamed: bool, tokenizer: Any, prompt_ids: list[int], method: str
+) -> None:
+    """End the streamed sequence, or print every sequence; then the run's statistics.
+
+    Printed sequences follow ``prompt_ids`` (empty with ``--chat``: the reply alone).
+    """
+    if streamed:
+        print("\n")
+    else:
+        for i, ids in enumerate(output.sequences):
+            print(f"[{i}] {tokenizer.decode(prompt_ids + ids, skip_special_tokens=True)}")
+        print()
+    print_stats(output, method)
+
+
+def print_stats(output: Any, method: str) -> None:
+    """The run's statistics, and a note when the rule is lossy."""
+    print(output.stats.format_table())
+    if not METHODS[method].exact:
+        print(f"note: {method} acceptance is lossy; this output is not a sample of the target")
+
+
+def print_speedup(output: Any, baseline: Any) -> None:
+    """The target-only statistics, then the wall-clock speedup of speculative decoding."""
+    print()
+    print(baseline.stats.format_table())
+    speedup = output.stats.tokens_per_s / baseline.stats.tokens_per_s
+    print(
+        f"\nwall-clock speedup: {speedup:.2f}x ({baseline.stats.tokens_per_s:.1f} tokens/s "
+        f"target-only -> {output.stats.tokens_per_s:.1f} tokens/s speculative; tokens per "
+        "second, since sampled runs may stop at EOS after different lengths)"
+    )
+
+
+def plot_acceptance(stats: Any, path: str) -> None:
+    """Save a bar chart of the acceptance by draft position to ``path``, and say so.
+
+    Raises
+    ------
+    ImportError
+        matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError(
+            "--plot needs matplotlib; install it with: pip install 'specsample[plot]'"
+        ) from None
+    rates = stats.acceptance_by_position
+    figure, axes = plt.subplots(figsize=(6, 3.5))
+    axes.bar(range(1, len(rates) + 1), rates, color="tab:blue")
+    axes.set_xlabel("draft position")
+    axes.set_ylabel("fraction accepted")
+    axes.set_ylim(0, 1)
+    axes.set_xticks(range(1, len(rates) + 1))
+    axes.set_title(f"acceptance by position: {stats.drafter}, k={stats.k}, {stats.method}")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+    print(f"acceptance by position saved to {path}")
