@@ -2,7 +2,7 @@
 
 For each model of the shipped default pair, each batch size of ``--batch-sizes`` and each
 width of ``--widths`` (slots per sequence: 1 for a plain step, ``k + 1`` for a step scoring
-``k`` drafts), a :class:`~specsample.generate.hf.CachedLM` holding ``--context`` tokens per
+``k`` drafts), a :class:`~specsample.adapter.CachedLM` holding ``--context`` tokens per
 sequence runs one forward over ``width`` new slots, which are then dropped, so every call
 sees the same cache. Three contestants, alternated call by call (``--calls`` each after a
 warm-up): transformers' forward (``fused=False``), the fused forward with the model's own
@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
+from specsample.adapter import CachedLM, FusedForward, default_pair, load_model
 from specsample.bench import CpuShare
-from specsample.generate.fused import FusedForward
-from specsample.generate.hf import CachedLM, default_pair, load_model
+from specsample.timing import Stopwatch
 
 CONTESTANTS = ("transformers", "fused, own layout", "fused, oneDNN")
 
@@ -47,9 +46,9 @@ def _call(lm: CachedLM, batch: int, width: int, context: int, vocab: int) -> Cal
     positions = (torch.arange(width) + context).expand(batch, -1)
 
     def timed() -> float:
-        start = time.perf_counter()
+        watch = Stopwatch()
         lm.forward(ids, positions, keep=width)
-        seconds = time.perf_counter() - start
+        seconds = watch.elapsed()
         lm.drop_tail(width)
         return seconds
 

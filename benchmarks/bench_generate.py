@@ -23,7 +23,7 @@ at every batch size of ``--batch-sizes`` (1 always included), with continuous ba
 (``max_batch_size``).
 Each contestant is warmed up once, then runs once per round for ``--rounds`` rounds
 (sampling with other random numbers each round, the same for every contestant of ours);
-every call is timed around the whole call with :func:`time.perf_counter`, tokens counted
+every call is timed around the whole call with :class:`specsample.timing.Stopwatch`, tokens counted
 from what it returned (EOS included). The contestants that a ratio compares form a group
 (one temperature's batch-1 contestants, transformers' included; ours at one temperature and
 batch size; the queue), and a round runs the groups one after the other, each group's
@@ -70,7 +70,6 @@ import json
 import shlex
 import statistics
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -91,8 +90,10 @@ from generate_contestants import (
     quiet_transformers,
 )
 
+from specsample import adapter
 from specsample.bench import CpuShare
-from specsample.generate import hf
+from specsample.generate import PolicyMemory
+from specsample.timing import Stopwatch
 
 PROMPTS = (
     "def parse(text):",
@@ -148,8 +149,10 @@ def _cycled(count: int, tokenizer: Any) -> list[list[int]]:
 def _contestants(
     args: argparse.Namespace, target: Any, draft: Any, tokenizer: Any
 ) -> list[Contestant]:
-    """Every contestant of the run: each temperature's, then the queue's."""
+    """Every contestant of the run: each temperature's, then the queue's; all of ours share
+    one policy memory, so every warm run starts from what the earlier ones learnt."""
     eos = tokenizer.eos_token_id
+    memory = PolicyMemory()
     prompts = _cycled(args.prompts, tokenizer)
     found: list[Contestant] = []
     for temperature in args.temperatures:
@@ -157,13 +160,13 @@ def _contestants(
         for name, generate in peers.items():
             found.append(Contestant(Slot("main", name, temperature, 1), prompts, generate))
         for batch in args.batch_sizes:
-            peers = ours_contestants(target, draft, temperature, batch, args.k, eos)
+            peers = ours_contestants(target, draft, temperature, batch, args.k, eos, memory)
             for name, generate in peers.items():
                 found.append(Contestant(Slot("main", name, temperature, batch), prompts, generate))
     if args.queue:
         queue = _cycled(args.queue, tokenizer)
         for batch in sorted({1, args.batch_sizes[-1]}):
-            peers = ours_contestants(target, draft, 0.0, batch, args.k, eos)
+            peers = ours_contestants(target, draft, 0.0, batch, args.k, eos, memory)
             for name in _queue_names():
                 found.append(Contestant(Slot("queue", name, 0.0, batch), queue, peers[name]))
     return found
@@ -203,14 +206,14 @@ def _measure(contestants: list[Contestant], args: argparse.Namespace) -> tuple[R
         contestant.tokens_per_s(WARM_UP_TOKENS)
     rates: Rates = {c.slot: [] for c in contestants}
     groups = _groups(contestants)
-    started = time.perf_counter()
+    started = Stopwatch()
     with CpuShare() as share:
         for round_index in range(args.rounds):
             for group in _rotated(groups, round_index, args.rounds):
                 for contestant in _rotated(group, round_index, args.rounds):
                     torch.manual_seed(round_index)
                     rates[contestant.slot].append(contestant.tokens_per_s(args.max_new_tokens))
-            elapsed = time.perf_counter() - started
+            elapsed = started.elapsed()
             left = elapsed / (round_index + 1) * (args.rounds - round_index - 1)
             print(
                 f"round {round_index + 1}/{args.rounds} done, {elapsed:.0f} s, "
@@ -406,14 +409,14 @@ def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    pair = hf.default_pair()
+    pair = adapter.default_pair()
     if pair is None:
         print("the default model pair is not installed", file=sys.stderr)
         return 1
     quiet_transformers()
-    tokenizer = hf.load_tokenizer(pair[0])
-    target = hf.load_model(pair[0], role="target")
-    draft = hf.load_model(pair[1], role="draft")
+    tokenizer = adapter.load_tokenizer(pair[0])
+    target = adapter.load_model(pair[0], role="target")
+    draft = adapter.load_model(pair[1], role="draft")
     command = shlex.join(["python", sys.argv[0], *(sys.argv[1:] if argv is None else argv)])
     print(f"`{command}`\n")
     print(

@@ -44,10 +44,10 @@ from specsample.bench import (
     Shape,
     cache_flush_bytes,
     correlated_logits,
-    parse_positive_int,
-    parse_shape,
     profile_calls,
 )
+from specsample.cli.args import parse_positive_int
+from specsample.cli.bench import parse_shape
 
 SHAPES: tuple[Shape, ...] = ((64, 4, 128256), (16, 5, 151936))
 """``(batch, k, vocab)``: Llama-3 and Qwen2 vocabularies."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specsample.bench import add_arguments, run_from_args
+from specsample.cli.bench import add_arguments, run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         "naive reference, transformers (when installed) and the memory-read floor."
     )
     add_arguments(parser)
-    return run_from_args(parser.parse_args(argv))
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

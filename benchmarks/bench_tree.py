@@ -27,16 +27,17 @@ import argparse
 import shlex
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from bench_generate import _cycled, _rotated, _table, _x
 
+from specsample import adapter
 from specsample.bench import CpuShare
-from specsample.generate import TreeShape, hf, speculative_generate
-from specsample.methods import tree_methods
+from specsample.generate import TreeShape, speculative_generate
+from specsample.methods import tree_method, tree_methods
+from specsample.timing import Stopwatch
 
 Run = Callable[[int], tuple[int, float]]
 """Generate ``max_new_tokens`` per prompt: ``(tokens, tokens per target forward)``."""
@@ -62,7 +63,7 @@ def _contestants(
     shape = TreeShape.for_budget(args.tree) if args.shape is None else TreeShape.build(args.shape)
     found: dict[tuple[float, int, str], Run] = {}
     for temperature in (0.0, 1.0):
-        tree_rule = "rrs" if temperature else "onehot"
+        tree_rule = tree_method(_drafting(temperature))
         variants: dict[str, dict[str, Any]] = {
             f"chain k={args.k}": {"k": args.k, "adaptive": False},
             "tree": {
@@ -119,16 +120,15 @@ def _measure(
         run(4)
     seen: dict[tuple[float, int, str], list[tuple[float, float]]] = {key: [] for key in runs}
     items = list(runs.items())
-    started = time.perf_counter()
+    started = Stopwatch()
     with CpuShare() as share:
         for round_index in range(args.rounds):
             for key, run in _rotated(items, round_index, args.rounds):
-                begin = time.perf_counter()
+                watch = Stopwatch()
                 tokens, per_forward = run(args.max_new_tokens)
-                seen[key].append((tokens / (time.perf_counter() - begin), per_forward))
+                seen[key].append((tokens / watch.elapsed(), per_forward))
             print(
-                f"round {round_index + 1}/{args.rounds} done, "
-                f"{time.perf_counter() - started:.0f} s",
+                f"round {round_index + 1}/{args.rounds} done, {started.elapsed():.0f} s",
                 file=sys.stderr,
                 flush=True,
             )
@@ -143,13 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    pair = hf.default_pair()
+    pair = adapter.default_pair()
     if pair is None:
         print("the default model pair is not installed", file=sys.stderr)
         return 1
-    tokenizer = hf.load_tokenizer(pair[0])
-    target = hf.load_model(pair[0], role="target")
-    draft = hf.load_model(pair[1], role="draft")
+    tokenizer = adapter.load_tokenizer(pair[0])
+    target = adapter.load_model(pair[0], role="target")
+    draft = adapter.load_model(pair[1], role="draft")
     runs = _contestants(args, target, draft, _cycled(args.prompts, tokenizer))
     medians, load = _measure(runs, args)
     shape = TreeShape.for_budget(args.tree) if args.shape is None else TreeShape.build(args.shape)
@@ -170,9 +170,9 @@ def main(argv: list[str] | None = None) -> int:
                 str(batch),
                 name,
                 f"{rate:.1f}",
-                _x(rate, base_rate),
+                _x(rate / base_rate),
                 f"{per_forward:.2f}",
-                _x(per_forward, base_forward),
+                _x(per_forward / base_forward),
             ]
         )
     header = ["T", "batch", "contestant", "tokens/s", "/ chain", "tokens/forward", "/ chain"]

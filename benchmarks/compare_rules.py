@@ -1,10 +1,10 @@
-"""Mean tokens per verification step of every rule of :data:`specsample.compare.RULES`.
+"""Mean tokens per verification step of every rule of :data:`specsample.testing.compare.RULES`.
 
 Usage::
 
     python benchmarks/compare_rules.py --families random markov peaked zipf --plot rules.png
 
-The same as ``specsample compare``; see :mod:`specsample.compare`.
+The same as ``specsample compare``; see :mod:`specsample.testing.compare`.
 """
 
 from __future__ import annotations

@@ -14,13 +14,13 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor-"))
 
 import torch
 
 from specsample import RejectionSampler, verify
+from specsample.timing import Stopwatch
 
 BATCH, K, VOCAB = 8, 4, 50
 
@@ -32,9 +32,9 @@ def _sampler(generator: torch.Generator) -> tuple[float, bool]:
     bonus = torch.randint(0, VOCAB, (BATCH, 1), generator=generator)
     seeds = torch.arange(BATCH)
     compiled = torch.compile(RejectionSampler())
-    start = time.perf_counter()
+    watch = Stopwatch()
     out = compiled(target, bonus, draft, ids, seeds=seeds)
-    seconds = time.perf_counter() - start
+    seconds = watch.elapsed()
     return seconds, torch.equal(out, RejectionSampler()(target, bonus, draft, ids, seeds=seeds))
 
 
@@ -44,9 +44,9 @@ def _verify(generator: torch.Generator) -> tuple[float, bool]:
     drafts = torch.randint(0, VOCAB, (sum(counts),), generator=generator)
     seeds = list(range(BATCH))
     compiled = torch.compile(verify)
-    start = time.perf_counter()
+    watch = Stopwatch()
     out = compiled(logits, drafts, counts, temperature=1.0, seeds=seeds)
-    seconds = time.perf_counter() - start
+    seconds = watch.elapsed()
     expected = verify(logits, drafts, counts, temperature=1.0, seeds=seeds)
     return seconds, torch.equal(out.token_ids, expected.token_ids)
 

@@ -2,7 +2,7 @@
 
 Every contestant is a :class:`Contestant`: a set of prompts and a function that generates
 their continuations. :meth:`Contestant.tokens_per_s` times that whole call with
-:func:`time.perf_counter` and counts the generated tokens in what it returned (EOS
+:class:`specsample.timing.Stopwatch` and counts the generated tokens in what it returned (EOS
 included), the same way for both sides.
 
 transformers generates one prompt at a time (its assisted generation and prompt lookup
@@ -17,13 +17,13 @@ from __future__ import annotations
 import copy
 import itertools
 import logging
-import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 
-from specsample.generate import NGramDrafter, speculative_generate, target_generate
+from specsample.generate import NGramDrafter, PolicyMemory, speculative_generate, target_generate
+from specsample.timing import Stopwatch
 
 Prompts = list[list[int]]
 Generate = Callable[[Prompts, int], list[list[int]]]
@@ -67,10 +67,9 @@ class Contestant(NamedTuple):
 
     def tokens_per_s(self, max_new_tokens: int) -> float:
         """Generated tokens per second of one timed call."""
-        start = time.perf_counter()
+        watch = Stopwatch()
         sequences = self.generate(self.prompts, max_new_tokens)
-        seconds = time.perf_counter() - start
-        return sum(map(len, sequences)) / seconds
+        return sum(map(len, sequences)) / watch.elapsed()
 
 
 def quiet_transformers() -> None:
@@ -185,9 +184,11 @@ def ours_generate(
     drafter: Any = None,
     k: int = 0,
     adaptive: bool = False,
+    memory: PolicyMemory | None = None,
 ) -> Generate:
     """Our generation, ``batch`` sequences at a time: speculative with ``drafter`` (a draft
-    model or an :class:`NGramDrafter`), target-only without.
+    model or an :class:`NGramDrafter`), target-only without. With ``memory``, the adaptive
+    draft length starts from what the calls given the same one learnt.
 
     Call ``c`` of a contestant seeds prompt ``i`` with ``SEED_STRIDE * c + i``: in a round
     every one of ours samples with the same seeds, and each round with other ones. With a
@@ -209,20 +210,34 @@ def ours_generate(
         if drafter is None:
             return target_generate(target, prompts, **common).sequences
         return speculative_generate(
-            target, prompts, drafter, k=k, adaptive=adaptive, **common
+            target, prompts, drafter, k=k, adaptive=adaptive, memory=memory, **common
         ).sequences
 
     return generate
 
 
 def ours_contestants(
-    target: Any, draft: Any, temperature: float, batch: int, k: int, eos: int
+    target: Any,
+    draft: Any,
+    temperature: float,
+    batch: int,
+    k: int,
+    eos: int,
+    memory: PolicyMemory,
 ) -> dict[str, Generate]:
-    """Our five contestants at ``temperature`` and ``batch``, by name."""
+    """Our five contestants at ``temperature`` and ``batch``, by name; their adaptive draft
+    lengths share ``memory`` (what the policy learnt of timings and acceptance)."""
     contestants = {OURS_TARGET: ours_generate(target, temperature, batch, eos)}
     for drafts, drafter in zip(DRAFTS, (draft, NGramDrafter()), strict=True):
         for adaptive in (False, True):
             contestants[ours(adaptive, drafts)] = ours_generate(
-                target, temperature, batch, eos, drafter=drafter, k=k, adaptive=adaptive
+                target,
+                temperature,
+                batch,
+                eos,
+                drafter=drafter,
+                k=k,
+                adaptive=adaptive,
+                memory=memory,
             )
     return contestants

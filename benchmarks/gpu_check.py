@@ -31,7 +31,6 @@ import argparse
 import inspect
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -43,6 +42,7 @@ from specsample.probs import processed_probs
 from specsample.rules.block import block_verify
 from specsample.rules.chain import chain_verify
 from specsample.testing import Family, exactness_report, make_family
+from specsample.timing import Stopwatch, per_call
 
 SHAPES = [
     (1, 4, 32000),
@@ -149,7 +149,7 @@ def check_exactness(device: torch.device, rows: int) -> None:
         for rule in ("chain", "block"):
             for name in FAMILIES:
                 family = make_family(name, k=3, vocab=8, seed=FAMILIES.index(name) + 5)
-                start = time.perf_counter()
+                watch = Stopwatch()
                 result = exactness_report(
                     make(rule), family, rows=rows, seed=11, device=device, rule=rule
                 )
@@ -159,7 +159,7 @@ def check_exactness(device: torch.device, rows: int) -> None:
                     result.passed(ALPHA),
                     f"{path:7} {rule:5} {name:13} min p={p_min:.3g} "
                     f"acceptance z={result.acceptance_z:+.2f} detectable TV={tv:.4f} "
-                    f"({time.perf_counter() - start:.1f} s)",
+                    f"({watch.elapsed():.1f} s)",
                 )
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(4, 8, 8, generator=gen) * 1.5
@@ -359,23 +359,7 @@ def _time(run: Callable[[], Any], device: torch.device, iters: int) -> float:
     """Median seconds per call over three rounds of ``iters`` calls (after warm-up)."""
     for _ in range(3):
         run()
-    rounds = []
-    for _ in range(3):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                run()
-            stop.record()
-            torch.cuda.synchronize(device)
-            rounds.append(start.elapsed_time(stop) / 1e3 / iters)
-        else:
-            begin = time.perf_counter()
-            for _ in range(iters):
-                run()
-            rounds.append((time.perf_counter() - begin) / iters)
-    return statistics.median(rounds)
+    return statistics.median(per_call(run, calls=iters, device=device) for _ in range(3))
 
 
 def _flashinfer(device: torch.device) -> Callable[..., Any] | None:
@@ -478,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         device, shapes, rows, iters = torch.device("cuda"), SHAPES, args.rows, args.iters
         print(f"device: {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
-    start = time.perf_counter()
+    watch = Stopwatch()
     if "exactness" not in args.skip:
         check_exactness(device, rows)
     if "parity" not in args.skip:
@@ -490,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\n== 3. no host synchronisation: needs CUDA, skipped ==")
     if "timings" not in args.skip:
         check_timings(device, shapes, iters)
-    print(f"\n{len(FAILURES)} failed check(s) in {time.perf_counter() - start:.0f} s")
+    print(f"\n{len(FAILURES)} failed check(s) in {watch.elapsed():.0f} s")
     for line in FAILURES:
         print(f"  FAILED: {line}")
     return 1 if FAILURES else 0

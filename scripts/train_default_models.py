@@ -57,6 +57,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from specsample.timing import Stopwatch, now
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "specsample" / "models" / "default"
 DEFAULT_README = ROOT / "specsample" / "models" / "README.md"
@@ -245,17 +247,14 @@ def target_samples(
     prompts = (stream[starts + torch.arange(prompt_len)]).long()
     greedy = round(count * greedy_share)
     temperature = [0.0] * greedy + [1.0] * (count - greedy)
-    begin = time.perf_counter()
+    watch = Stopwatch()
     logged = 0
 
     def progress(done: int, total: int, tokens: int) -> None:
         nonlocal logged
         if done - logged >= 64 or (done == total and done > logged):
             logged = done
-            log(
-                f"target samples: {done}/{total}, {tokens:,} tokens "
-                f"({time.perf_counter() - begin:.0f} s)"
-            )
+            log(f"target samples: {done}/{total}, {tokens:,} tokens ({watch.elapsed():.0f} s)")
 
     out = target_generate(
         target,
@@ -397,11 +396,11 @@ def run_phase(
     planned = total
     ema: float | None = None
     lines: list[str] = []
-    start = time.perf_counter()
+    watch = Stopwatch()
     step = 0
     stopped_early = False
     while step < total:
-        elapsed = time.perf_counter() - start
+        elapsed = watch.elapsed()
         if steps is None and total == sys.maxsize:
             if step == 20:
                 log(
@@ -415,7 +414,7 @@ def run_phase(
                     f"{name}: {elapsed / 60:.1f} min used after {step} steps; "
                     f"decaying the learning rate until step {total}"
                 )
-        if time.perf_counter() > hard_stop:
+        if now() > hard_stop:
             stopped_early = True
             log(f"{name}: time cap reached, stopping at step {step} of {total}")
             break
@@ -432,7 +431,7 @@ def run_phase(
         ema = value if ema is None else 0.95 * ema + 0.05 * value
         step += 1
         if step % log_every == 0 or step == total:
-            elapsed = time.perf_counter() - start
+            elapsed = watch.elapsed()
             shown = "?" if total == sys.maxsize else str(total)
             line = (
                 f"{name} step {step}/{shown} loss {ema:.3f} lr {lr:.2e} "
@@ -440,7 +439,7 @@ def run_phase(
             )
             lines.append(line)
             log(line)
-    seconds = time.perf_counter() - start
+    seconds = watch.elapsed()
     model.eval()
     return PhaseResult(
         steps=step,
@@ -558,9 +557,9 @@ def decode_step_ms(
             arg, cache = caches[name]
             round_times = []
             for _ in range(steps):
-                begin = time.perf_counter()
+                watch = Stopwatch()
                 model(input_ids=token, position_ids=position, use_cache=True, **{arg: cache})
-                round_times.append((time.perf_counter() - begin) * 1e3)
+                round_times.append(watch.elapsed() * 1e3)
                 cache.crop(-1)
             if r > 0:
                 times[name].append(round_times)
@@ -833,7 +832,7 @@ def train_target(
         batches(train_stream, args.batch_size, args.seq_len, args.seed),
         steps=args.steps,
         budget_s=target_budget,
-        hard_stop=time.perf_counter() + 1.05 * target_budget,
+        hard_stop=now() + 1.05 * target_budget,
         peak_lr=args.target_lr,
         warmup=args.warmup,
         tokens_per_step=args.batch_size * args.seq_len,
@@ -870,7 +869,7 @@ def main(argv: list[str] | None = None) -> None:
         env = os.environ | {OMP_POLICY: "PASSIVE", START_ENV: repr(time.time())}
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
     began = float(os.environ.get(START_ENV, repr(time.time())))
-    start = time.perf_counter() - (time.time() - began)
+    start = now() - (time.time() - began)
     deadline = start + args.minutes * 60
     command = "python " + shlex.join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -894,11 +893,11 @@ def main(argv: list[str] | None = None) -> None:
     held_stream = encode_stream(raw_tokenizer, held_texts, eos_id)
     log(
         f"tokenizer: {vocab} tokens; {train_stream.numel():,} training tokens, "
-        f"{held_stream.numel():,} held-out tokens ({time.perf_counter() - start:.0f} s)"
+        f"{held_stream.numel():,} held-out tokens ({now() - start:.0f} s)"
     )
 
     tokens_per_step = args.batch_size * args.seq_len
-    train_seconds = deadline - RESERVE_S - time.perf_counter()
+    train_seconds = deadline - RESERVE_S - now()
 
     target_dir, draft_dir = args.out / "target", args.out / "draft"
     if args.reuse_target:
@@ -960,7 +959,7 @@ def main(argv: list[str] | None = None) -> None:
             loss = (1 - ce_weight) * loss + ce_weight * ce
         return loss
 
-    draft_budget = deadline - RESERVE_S - time.perf_counter()
+    draft_budget = deadline - RESERVE_S - now()
     draft_result = run_phase(
         "draft",
         draft,
@@ -1010,7 +1009,7 @@ def main(argv: list[str] | None = None) -> None:
         f"(least loaded round: {quiet['target']:.2f} ms, {quiet['draft']:.2f} ms)"
     )
 
-    wall = time.perf_counter() - start
+    wall = now() - start
     # A full run with these step counts: the target phase, then this run's other phases.
     repeat_minutes = args.minutes
     if args.reuse_target:

@@ -1,4 +1,7 @@
-"""The rule comparison: tokens per step, confidence intervals, exact values and the plot."""
+"""The rule comparison: tokens per step, confidence intervals, exact values and the plot.
+
+Covers :mod:`specsample.testing.compare` and :mod:`specsample.testing.exact_values`.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from specsample.compare import RULES, compare_rules, format_comparison, plot_comparison
-from specsample.rules.tree import traversal_expected_tokens
+from specsample.rules.tree import check_traversal, traversal_expected_tokens
 from specsample.testing import make_family
+from specsample.testing.compare import RULES, compare_rules, format_comparison, plot_comparison
 
 
 def test_compare_reports_every_rule_with_its_exact_value() -> None:
@@ -66,7 +69,7 @@ def test_traversal_exact_value_is_the_enumeration() -> None:
     above = trees[:, parents[1:]]
     chance = p[depth[parents[1:]], above, trees[:, 1:]].prod(dim=-1)
     expected = traversal_expected_tokens(
-        q[depth, trees], trees, parents, drafting="iid", draft_probs=p[depth.clamp(max=1), trees]
+        check_traversal(q[depth, trees], trees, parents, "iid", p[depth.clamp(max=1), trees])
     )
     (result,) = (r for r in compare_rules(["markov"], [2], rows=2, vocab=3, seed=4)
                  if r.rule == "traversal")  # fmt: skip

@@ -11,7 +11,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specsample.reference import naive_rejection_sample
+from specsample.testing.reference import naive_rejection_sample
 
 CHI2_LEVEL = 1e-6
 """Per-test level: with two tests, a correct reference fails with probability <= 2e-6."""

@@ -7,7 +7,7 @@ runs in a subprocess whose peak resident memory (``ru_maxrss`` of the waited-for
 read by a small wrapper process) stays under 2 GiB. The wrapper also caps the child's
 address space, so a regression fails the test instead of exhausting the machine. The
 Python APIs behind the flags are checked the same way, in process. The ``generate`` runs use
-the tiny random Llama models of :mod:`tests.test_bench_cli`.
+the tiny random Llama models of :mod:`tests.test_cli_generate`.
 """
 
 from __future__ import annotations
@@ -22,13 +22,14 @@ from typing import Any
 import pytest
 import torch
 
-from specsample import compare, generate
+from specsample import generate
 from specsample.bench import make_inputs
 from specsample.cli import main
 from specsample.sampler import RejectionSampler
 from specsample.testing import (
     DRAW_BLOCK_ROWS,
     MAX_TABLE_ENTRIES,
+    compare,
     exactness_report,
     make_family,
     simulate,
@@ -146,7 +147,7 @@ def test_compare_rules_api_bounds() -> None:
         compare.compare_rules(["random"], [65])
     with pytest.raises(ValueError, match=r"rows must be in \[2, 10000000\]"):
         compare.compare_rules(["random"], [1], rows=10**8)
-    with pytest.raises(ValueError, match="more than MAX_TREE_NODES"):
+    with pytest.raises(ValueError, match="more than MAX_SIMULATED_TREE_NODES"):
         compare.compare_rules(["random"], [11], branching=2)
     with pytest.raises(ValueError, match="vocab=5000 with k=1"):
         compare.compare_rules(["random"], [1], vocab=5000)
@@ -240,9 +241,9 @@ def test_exactness_report_rows_run_in_blocks() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The tiny target and draft of :mod:`tests.test_bench_cli`, saved with a tokenizer."""
+    """The tiny target and draft of :mod:`tests.test_cli_generate`, saved with a tokenizer."""
     pytest.importorskip("transformers")
-    from tests.test_bench_cli import WORDS, _save_tokenizer, _tiny_llama
+    from tests.test_cli_generate import WORDS, _save_tokenizer, _tiny_llama
 
     torch.manual_seed(0)
     root = tmp_path_factory.mktemp("resources")

@@ -43,6 +43,10 @@ of the family-wise false-failure rate ``alpha`` over all these tests.
 The package holds the toy pairs (:mod:`specsample.testing.families`), the simulation
 (:mod:`specsample.testing.simulation`), the chi-square tails and tests
 (:mod:`specsample.testing.chisquare`) and the report (:mod:`specsample.testing.report`).
+Three modules are imported on their own (importing the package does not load them): the
+naive reference verifier the benchmark times (:mod:`specsample.testing.reference`), and the
+comparison of the rules on the same drafts (:mod:`specsample.testing.compare`, which loads
+the verification rules) with their exact values (:mod:`specsample.testing.exact_values`).
 
 Examples
 --------

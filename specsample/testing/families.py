@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
+from specsample.checks import check_int
+from specsample.methods import chain_methods, check_method
+
 FAMILIES = ("random", "sparse", "equal", "onehot_draft", "onehot_target", "peaked", "markov")
 """The toy families every exact rule is tested on."""
 
@@ -125,6 +128,7 @@ class Family:
     def accepted_length_law(self, rule: str = "chain") -> torch.Tensor:
         """Exact law of the accepted length under a verification rule, ``[k + 1]`` float64.
 
+        ``rule`` is an exact chain method (:func:`specsample.methods.chain_methods`).
         ``"chain"`` follows from :meth:`prefix_acceptance`. ``"block"`` (block verification,
         :mod:`specsample.rules.block`) enumerates every draft sequence (``vocab ** k`` of
         them, at most :data:`BLOCK_ENUMERATION_LIMIT`) with its probability; given the
@@ -133,6 +137,8 @@ class Family:
 
         Raises
         ------
+        TypeError
+            ``rule`` is not a str.
         ValueError
             ``rule`` is unknown, or ``"block"`` would enumerate more than
             :data:`BLOCK_ENUMERATION_LIMIT` draft sequences.
@@ -144,11 +150,9 @@ class Family:
         ...      >= family.accepted_length_law("chain")[1:].sum() - 1e-12)
         True
         """
-        if rule == "chain":
+        if check_method(rule, chain_methods(), "rule") == "chain":
             prefix = torch.cat([self.prefix_acceptance(), torch.zeros(1, dtype=torch.float64)])
             return prefix[:-1] - prefix[1:]
-        if rule != "block":
-            raise ValueError(f"rule must be 'chain' or 'block', got {rule!r}")
         if self.vocab**self.k > BLOCK_ENUMERATION_LIMIT:
             raise ValueError(
                 f"rule='block' enumerates vocab ** k = {self.vocab}**{self.k} draft sequences; "
@@ -350,13 +354,8 @@ def make_family(name: str, k: int, vocab: int = 8, seed: int = 0, start: int = 0
     """
     if name not in FAMILIES + EXTRA_FAMILIES:
         raise ValueError(f"name must be one of {FAMILIES + EXTRA_FAMILIES}, got {name!r}")
-    for label, value in (("k", k), ("vocab", vocab)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{label} must be an int, got {type(value).__name__}")
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
-    if vocab < 2:
-        raise ValueError(f"vocab must be >= 2, got {vocab}")
+    check_int("k", k, 1)
+    check_int("vocab", vocab, 2)
     check_table_size(k, vocab)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -66,6 +66,9 @@ class PositionResult:
 class ExactnessReport:
     """Outcome of :func:`exactness_report`.
 
+    One chi-square test per output position and two z-tests of the acceptance;
+    :meth:`passed` gives the verdict and ``str(report)`` the table.
+
     Attributes
     ----------
     family : str

@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import torch
 
+from specsample.checks import check_int
 from specsample.testing.families import Family
 
 Verifier = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -134,7 +135,7 @@ def draw_inputs(family: Family, rows: int, seed: int = 0) -> VerifierInputs:
     >>> tuple(inputs.target_probs.shape), tuple(inputs.bonus_token_ids.shape)
     ((10, 3, 5), (10, 1))
     """
-    _check_rows(rows)
+    check_int("rows", rows, 0)
     return _concat(family, list(_input_blocks(family, rows, seed)))
 
 
@@ -145,15 +146,6 @@ def _concat(family: Family, blocks: list[VerifierInputs]) -> VerifierInputs:
     if len(blocks) == 1:
         return blocks[0]
     return VerifierInputs(*(torch.cat(parts) for parts in zip(*blocks, strict=True)))
-
-
-def _check_rows(rows: object) -> int:
-    """``rows`` if it is a non-negative int, else a ``TypeError``/``ValueError`` naming it."""
-    if isinstance(rows, bool) or not isinstance(rows, int):
-        raise TypeError(f"rows must be an int, got {type(rows).__name__}")
-    if rows < 0:
-        raise ValueError(f"rows must be >= 0, got {rows}")
-    return rows
 
 
 def _verifier_seed(seed: int) -> int:
@@ -202,11 +194,8 @@ def _run_blocks(
     ``device``, while torch's global generators are seeded from ``seed`` (and restored
     afterwards). Memory holds one block at a time.
     """
-    _check_rows(rows)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
-        raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    check_int("rows", rows, 0)
+    check_int("batch_size", batch_size, 1)
     target_device = torch.device(device)
     with _forked_rng(target_device):
         torch.manual_seed(_verifier_seed(seed))

@@ -8,12 +8,8 @@ set of trees of i.i.d. children (``branching`` per node, ``k`` levels, drafted f
 draft rows) is verified by the top-down rule for i.i.d. drafting (``"mss"``) and by
 traversal verification (``"traversal"``, :func:`specsample.rules.tree.traversal_verify`).
 The rule names are those of :mod:`specsample.methods`. The mean number of tokens emitted per
-step is reported with a 95% confidence interval, next to its exact value where it is known:
-token-by-token and block from :meth:`specsample.testing.Family.accepted_length_law`; MSS
-and traversal from recursions over the tree's levels, which hold because with i.i.d.
-children the state of a node after a rejected child does not depend on that child's token
-(for MSS every level is then a closed form; traversal's recursion evaluates
-``(branching * vocab) ** k`` weights, at most :data:`TREE_RECURSION_LIMIT`).
+step is reported with a 95% confidence interval, next to its exact value where it is known
+(:func:`specsample.testing.exact_values.exact_tokens_per_step`).
 
 Typical acceptance is NOT exact: it is listed for its speed, not as an alternative that
 preserves the target distribution.
@@ -31,50 +27,47 @@ from pathlib import Path
 
 import torch
 
-from specsample.methods import METHODS, chain_methods
+from specsample.checks import check_int
+from specsample.methods import (
+    MAX_SIMULATED_TREE_NODES,
+    METHODS,
+    TREE_DRAFTINGS,
+    Drafting,
+    chain_methods,
+    tree_method,
+)
 from specsample.rules.block import block_verify
 from specsample.rules.chain import chain_verify
-from specsample.rules.tree import (
-    Drafting,
-    traversal_verify,
-    tree_method,
-    tree_verify,
-)
+from specsample.rules.tree import traversal_verify, tree_verify
 from specsample.rules.typical import typical_acceptance
-from specsample.testing import (
-    BLOCK_ENUMERATION_LIMIT,
+from specsample.seeding import seeding_from
+from specsample.testing.exact_values import exact_tokens_per_step
+from specsample.testing.families import (
     EXTRA_FAMILIES,
     FAMILIES,
     Family,
     check_table_size,
-    draw_inputs,
     make_family,
 )
+from specsample.testing.simulation import draw_inputs
 
 _TREE_DRAFTING: Drafting = "iid"
-_TREE_RULE = tree_method(_TREE_DRAFTING)
+
+TREE_RULES = tuple(
+    name for name in TREE_DRAFTINGS[_TREE_DRAFTING].exact if METHODS[name].needs_draft_probs
+)
+"""The rules run on the trees (the same trees for all): the tree methods of the registry that
+are exact for i.i.d. children and use the draft rows, in its order."""
 
 RULES = (
     *chain_methods(),
-    _TREE_RULE,
-    "traversal",
+    *TREE_RULES,
     *(name for name in chain_methods(lossy=True) if not METHODS[name].exact),
 )
 """Rules compared, in table order: the exact chain rules, the tree rules, the lossy ones."""
 
-TREE_RULES = (_TREE_RULE, "traversal")
-"""The rules run on the trees (the same trees for both)."""
-
-TREE_RECURSION_LIMIT = 1 << 22
-"""Most ``(branching * vocab) ** k`` (weights at the deepest level) of the recursion that gives
-the exact value of traversal (``k <= 5`` at the default ``vocab = 8``, ``branching = 2``)."""
-
 MAX_K = 64
 """Longest draft (deepest tree) :func:`compare_rules` takes."""
-
-MAX_TREE_NODES = 1024
-"""Most drafted nodes per tree, ``branching + branching**2 + ... + branching**k`` (with
-``branching = 2``, ``k <= 9``; with ``branching = 1``, any ``k <= MAX_K``)."""
 
 MAX_ROWS = 10**7
 """Most verification steps per family, ``k`` and rule."""
@@ -213,105 +206,30 @@ def _tree_rules(family: Family, rows: int, branching: int, seed: int) -> dict[st
     """``[rows]`` tokens emitted per step by every tree rule, on one set of trees."""
     generator = torch.Generator().manual_seed(seed + 2)
     target, tokens, parents, draft = _tree_inputs(family, rows, branching, generator)
-    args = (target, tokens, parents)
-    return {
-        _TREE_RULE: tree_verify(
-            *args, drafting=_TREE_DRAFTING, draft_probs=draft, generator=generator
-        ).num_emitted,
-        "traversal": traversal_verify(
-            *args, drafting=_TREE_DRAFTING, draft_probs=draft, generator=generator
-        ).num_emitted,
-    }
-
-
-def _exact_rows(family: Family) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target ``[k + 1, vocab, vocab]`` and draft ``[k, vocab, vocab]`` rows in float64."""
-    draft = family.draft.to(torch.float64)
-    return family.reference(), draft / draft.sum(dim=-1, keepdim=True)
-
-
-def _mss_theory(family: Family, branching: int) -> float:
-    """Exact tokens per step of MSS on the i.i.d. trees.
-
-    ``E_d(t)``, the tokens accepted below a node of depth ``d`` and token ``t``, is 0 at depth
-    ``k``; above, child ``j`` is tried after ``j`` rejections, each with probability
-    ``1 - sum min(p, q_j)``, and accepted with token ``x`` with probability
-    ``min(p(x), q_j(x))``, where ``q_0 = q`` and ``q_{j+1} = normalize(max(q_j - p, 0))`` does
-    not depend on the rejected tokens.
-    """
-    target, draft = _exact_rows(family)
-    below = torch.zeros(family.vocab, dtype=torch.float64)
-    for depth in reversed(range(family.k)):
-        q, p = target[depth], draft[depth]
-        reach = torch.ones(family.vocab, dtype=torch.float64)
-        total = torch.zeros(family.vocab, dtype=torch.float64)
-        for _ in range(branching):
-            overlap = torch.minimum(q, p)
-            total = total + reach * (overlap @ (1.0 + below))
-            reach = reach * (1.0 - overlap.sum(dim=-1))
-            residual = (q - p).clamp(min=0.0)
-            mass = residual.sum(dim=-1, keepdim=True)
-            q = torch.where(mass > 0, residual / torch.where(mass > 0, mass, 1.0), q)
-        below = total
-    return 1.0 + float(below[family.start])
-
-
-def _traversal_theory(family: Family, branching: int) -> float:
-    """Exact tokens per step of traversal on the i.i.d. trees (``nan`` when
-    ``(branching * vocab) ** k`` exceeds :data:`TREE_RECURSION_LIMIT`).
-
-    ``G_d(t, w)``, the expected tokens emitted by a step that accepts inside the subtree of a
-    node of depth ``d``, token ``t`` and weight ``w``, is ``(k + 1) w`` at depth ``k``. Above,
-    the node's weight and rows after ``j`` deleted children, ``(w_j, q_j)``, do not depend on
-    the deleted tokens (i.i.d. children), a child's subtree is rejected with probability
-    ``1 - w_c`` (the invariant of :mod:`specsample.rules.tree.traversal`), so child ``j``
-    is reached with probability ``prod_{i < j} (1 - w_i + Z_i)`` and
-    ``G_d(t, w) = sum_j reach_j sum_x p(x) G_{d+1}(x, w_c) + reach_b w_b (d + 1)``.
-    """
-    vocab, k = family.vocab, family.k
-    if (branching * vocab) ** k > TREE_RECURSION_LIMIT:
-        return math.nan
-    target, draft = _exact_rows(family)
-    tokens = torch.arange(vocab)
-
-    def expected(depth: int, token: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        if depth == k:
-            return w * (k + 1)
-        q, p = target[depth, token], draft[depth, token]
-        w_children, reach = [], [torch.ones_like(w)]
-        for _ in range(branching):
-            scaled = w.unsqueeze(-1) * q
-            ratio = (scaled / torch.where(p > 0, p, 1.0)).clamp(max=1.0)
-            w_children.append(torch.where(p > 0, ratio, (scaled > 0).to(torch.float64)))
-            residual = (scaled - p).clamp(min=0.0)
-            mass = residual.sum(dim=-1, keepdim=True)
-            reach.append(reach[-1] * (1.0 - w + mass.squeeze(-1)))
-            denominator = mass.squeeze(-1) + 1.0 - w
-            safe = torch.where(denominator > 0, denominator, 1.0)
-            rest = torch.where(denominator > 0, mass.squeeze(-1) / safe, 0.0)
-            w = torch.ones_like(w) if depth == 0 else rest
-            q = torch.where(mass > 0, residual / torch.where(mass > 0, mass, 1.0), q)
-        stacked = torch.stack(w_children, dim=1)
-        child = tokens.expand(stacked.shape).reshape(-1)
-        below = expected(depth + 1, child, stacked.reshape(-1)).view(stacked.shape)
-        inside = (p.unsqueeze(1) * below).sum(dim=-1)
-        return (torch.stack(reach[:-1], dim=1) * inside).sum(dim=1) + reach[-1] * w * (depth + 1)
-
-    start = torch.tensor([family.start])
-    return float(expected(0, start, torch.ones(1, dtype=torch.float64))[0])
-
-
-def _theory(family: Family, rule: str, branching: int) -> float:
-    """Exact mean tokens per step of ``rule``; ``nan`` where unknown or too costly."""
-    k = family.k
-    if rule == "chain" or (rule == "block" and family.vocab**k <= BLOCK_ENUMERATION_LIMIT):
-        lengths = torch.arange(k + 1, dtype=torch.float64)
-        return float((family.accepted_length_law(rule) * lengths).sum()) + 1.0
-    if rule == _TREE_RULE:
-        return _mss_theory(family, branching)
-    if rule == "traversal":
-        return _traversal_theory(family, branching)
-    return math.nan
+    emitted = {}
+    for rule in TREE_RULES:
+        seeding = seeding_from(rows, target.device, generator=generator)
+        if METHODS[rule].top_down:
+            result = tree_verify(
+                target,
+                tokens,
+                parents,
+                drafting=_TREE_DRAFTING,
+                draft_probs=draft,
+                method=tree_method(_TREE_DRAFTING, rule),
+                seeding=seeding,
+            )
+        else:
+            result = traversal_verify(
+                target,
+                tokens,
+                parents,
+                drafting=_TREE_DRAFTING,
+                draft_probs=draft,
+                seeding=seeding,
+            )
+        emitted[rule] = result.num_emitted
+    return emitted
 
 
 def _family_results(family: Family, rows: int, branching: int, seed: int) -> list[RuleResult]:
@@ -328,20 +246,10 @@ def _family_results(family: Family, rows: int, branching: int, seed: int) -> lis
     for rule in RULES:
         mean, half = moments[rule].summary()
         drafted = nodes if METHODS[rule].drafts == "tree" else family.k
-        theory = _theory(family, rule, branching)
+        theory = exact_tokens_per_step(family, rule, branching)
         exact = METHODS[rule].exact
         results.append(RuleResult(family.name, rule, family.k, drafted, mean, half, theory, exact))
     return results
-
-
-def _bounded(name: str, value: object, low: int, high: int | None = None) -> int:
-    """``value`` if it is an int in ``[low, high]``, else a ``TypeError``/``ValueError``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < low or (high is not None and value > high):
-        allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{name} must be {allowed}, got {value}")
-    return value
 
 
 def _check_arguments(
@@ -357,16 +265,16 @@ def _check_arguments(
     if isinstance(ks, (str, int)) or not ks:
         raise TypeError(f"ks must be a non-empty sequence of draft lengths, got {ks!r}")
     for k in ks:
-        _bounded("every k", k, 1, MAX_K)
-    _bounded("rows", rows, 2, MAX_ROWS)
-    _bounded("branching", branching, 1, MAX_TREE_NODES)
+        check_int("every k", k, 1, MAX_K)
+    check_int("rows", rows, 2, MAX_ROWS)
+    check_int("branching", branching, 1, MAX_SIMULATED_TREE_NODES)
     nodes = _tree_nodes(max(ks), branching)
-    if nodes > MAX_TREE_NODES:
+    if nodes > MAX_SIMULATED_TREE_NODES:
         raise ValueError(
             f"branching={branching} with k={max(ks)} makes trees of {nodes} nodes, more than "
-            f"MAX_TREE_NODES = {MAX_TREE_NODES}: lower branching or k"
+            f"MAX_SIMULATED_TREE_NODES = {MAX_SIMULATED_TREE_NODES}: lower branching or k"
         )
-    _bounded("vocab", vocab, 2)
+    check_int("vocab", vocab, 2)
     check_table_size(max(ks), vocab)
 
 
@@ -396,7 +304,8 @@ def compare_rules(
         :data:`specsample.testing.MAX_TABLE_ENTRIES` (``vocab <= 836`` at ``k = 5``).
     branching : int
         Children per tree node (the tree has ``branching ** d`` nodes at depth ``d``), with
-        at most :data:`MAX_TREE_NODES` (1024) drafted nodes at ``max(ks)``.
+        at most :data:`specsample.methods.MAX_SIMULATED_TREE_NODES` (1024) drafted nodes at
+        ``max(ks)``.
     seed : int
         Seeds the families, drafts and verifiers.
 
