@@ -12,36 +12,17 @@ from __future__ import annotations
 import contextlib
 import math
 import weakref
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from specsample.adapter.config import AttentionWindow, text_config
+from specsample.adapter.config import text_config
+
+if TYPE_CHECKING:
+    from specsample.adapter.lm import CachedLM
 
 _CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
 """Models that passed :func:`verify_masked_cache` (checked once per model object)."""
-
-
-class Probed(Protocol):
-    """What the probe drives: a causal LM with a masked, rectangular KV cache."""
-
-    model: Any
-    vocab_size: int
-    attention: AttentionWindow
-
-    @property
-    def device(self) -> torch.device: ...
-
-    def reset(self, batch: int) -> None: ...
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        *,
-        valid: torch.Tensor | None = None,
-        keep: int = 1,
-    ) -> torch.Tensor: ...
 
 
 def passed(model: Any) -> bool:
@@ -53,7 +34,7 @@ def passed(model: Any) -> bool:
         return False
 
 
-def verify_masked_cache(lm: Probed, role: str, atol: float | None = None) -> None:
+def verify_masked_cache(lm: CachedLM, role: str, atol: float | None = None) -> None:
     """Check that ``lm.model`` honours a masked slot and explicit positions through ``lm``.
 
     The check behind :func:`specsample.adapter.lm.check_masked_cache`, on a cached LM that
@@ -86,7 +67,7 @@ def verify_masked_cache(lm: Probed, role: str, atol: float | None = None) -> Non
         _CHECKED.add(lm.model)
 
 
-def probe(lm: Probed) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def probe(lm: CachedLM) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The last two logits of a probe sequence through ``lm``'s cache, and without a cache.
 
     The sequence goes through the cache in two blocks, with left padding and a masked

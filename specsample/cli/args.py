@@ -8,8 +8,10 @@ Examples
 --------
 >>> parser = argparse.ArgumentParser()
 >>> add_threads_argument(parser, "torch may use")
->>> parser.parse_args(["--threads", "2"]).threads
-2
+>>> add_seed_and_plot_arguments(parser, seed="seed")
+>>> args = parser.parse_args(["--threads", "2"])
+>>> args.threads, args.seed
+(2, 0)
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 from collections.abc import Callable
 
 from specsample.testing import MAX_TABLE_ENTRIES
+from specsample.testing.compare import MAX_ROWS
 
 MAX_THREADS = 256
 """Most CPU threads ``--threads`` may ask for."""
@@ -151,3 +154,47 @@ def add_vocab_argument(parser: argparse.ArgumentParser, what: str, where: str = 
         default=8,
         help=f"{what} (default 8; {bound}{where})",
     )
+
+
+def add_rows_argument(
+    parser: argparse.ArgumentParser, what: str, default: int, low: int = 1
+) -> None:
+    """Add ``--rows``, how many draws a toy-family run makes, at most :data:`MAX_ROWS`.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+        The command's parser.
+    what : str
+        What a row is, for the help: ``"{what} (default {default}, at most ...)"``.
+    default : int
+        The default count.
+    low : int
+        The least count accepted.
+    """
+    parser.add_argument(
+        "--rows",
+        type=int_in_range(low, MAX_ROWS),
+        default=default,
+        help=f"{what} (default {default}, at most {MAX_ROWS})",
+    )
+
+
+def add_seed_and_plot_arguments(
+    parser: argparse.ArgumentParser, *, seed: str | None = None, plot: str | None = None
+) -> None:
+    """Add ``--seed`` (an integer, default 0) and ``--plot FILE.png`` (default: no chart).
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+        The command's parser.
+    seed : str, optional
+        What the seed seeds, for the help; ``None``: no ``--seed``.
+    plot : str, optional
+        The chart ``--plot`` saves, for the help; ``None``: no ``--plot``.
+    """
+    if seed is not None:
+        parser.add_argument("--seed", type=int, default=0, help=f"{seed} (default 0)")
+    if plot is not None:
+        parser.add_argument("--plot", metavar="FILE.png", help=f"save {plot}")

@@ -101,13 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark as :func:`add_arguments` configured it and print the table.
-
-    Returns
-    -------
-    int
-        The exit status, 0.
-    """
+    """Run the benchmark as :func:`add_arguments` configured it: the exit status, 0."""
     shapes = args.shapes or (QUICK_SHAPES if args.quick else DEFAULT_SHAPES)
     repeats = args.repeats or (3 if args.quick else 7)
     rows = run_benchmark(

@@ -10,11 +10,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from specsample.cli.args import add_vocab_argument, int_in_range
+from specsample.cli.args import (
+    add_rows_argument,
+    add_seed_and_plot_arguments,
+    add_vocab_argument,
+    int_in_range,
+)
 from specsample.methods import MAX_SIMULATED_TREE_NODES
 from specsample.testing.compare import (
     MAX_K,
-    MAX_ROWS,
     RULES,
     compare_rules,
     format_comparison,
@@ -44,12 +48,7 @@ def add_parser(commands: Any) -> None:
         default=[1, 2, 3, 4, 5],
         help=f"draft lengths (tree depths), each at most {MAX_K}",
     )
-    parser.add_argument(
-        "--rows",
-        type=int_in_range(2, MAX_ROWS),
-        default=20_000,
-        help=f"steps per point (default 20000, at most {MAX_ROWS})",
-    )
+    add_rows_argument(parser, "steps per point", 20_000, low=2)
     add_vocab_argument(parser, "vocabulary", " for the largest k")
     parser.add_argument(
         "--branching",
@@ -58,18 +57,11 @@ def add_parser(commands: Any) -> None:
         help="children per tree node (default 2); a tree has at most "
         f"{MAX_SIMULATED_TREE_NODES} nodes, branching + ... + branching**k",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    parser.add_argument("--plot", metavar="FILE.png", help="save tokens per step against k")
+    add_seed_and_plot_arguments(parser, seed="seed", plot="tokens per step against k")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``specsample compare`` as :func:`add_parser` configured it: print the table.
-
-    Returns
-    -------
-    int
-        The exit status, 0.
-    """
+    """Run ``specsample compare`` as :func:`add_parser` configured it: the exit status, 0."""
     results = compare_rules(
         args.families,
         args.k,

@@ -12,10 +12,16 @@ import argparse
 from typing import Any
 
 from specsample.bench import format_table, run_benchmark
-from specsample.cli.args import add_vocab_argument, int_in_range, probability
+from specsample.cli.args import (
+    add_rows_argument,
+    add_seed_and_plot_arguments,
+    add_vocab_argument,
+    int_in_range,
+    probability,
+)
 from specsample.sampler import RejectionSampler
 from specsample.testing import exactness_report, make_family
-from specsample.testing.compare import MAX_K, MAX_ROWS
+from specsample.testing.compare import MAX_K
 
 FAMILIES = ("random", "sparse", "equal", "markov", "peaked")
 """Toy families the demo checks (see :func:`specsample.testing.make_family`)."""
@@ -34,12 +40,7 @@ def add_parser(commands: Any) -> None:
         + " and ".join("x".join(map(str, s)) for s in SPEED_SHAPES)
         + " with cold caches.",
     )
-    demo.add_argument(
-        "--rows",
-        type=int_in_range(1, MAX_ROWS),
-        default=100_000,
-        help=f"sequences per family (default 100000, at most {MAX_ROWS})",
-    )
+    add_rows_argument(demo, "sequences per family", 100_000)
     demo.add_argument(
         "--k",
         type=int_in_range(1, MAX_K),
@@ -53,17 +54,14 @@ def add_parser(commands: Any) -> None:
         default=1e-4,
         help="family-wise false-failure rate of each family's tests (default 1e-4)",
     )
-    demo.add_argument("--seed", type=int, default=0, help="seed of families and draws (default 0)")
+    add_seed_and_plot_arguments(demo, seed="seed of families and draws")
     demo.add_argument("--no-speed", action="store_true", help="skip the speed table")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``specsample demo`` as :func:`add_parser` configured it.
+    """Run ``specsample demo`` as :func:`add_parser` configured it: the exit status, 0 or 1.
 
-    Returns
-    -------
-    int
-        The exit status: 0, or 1 when a family fails its exactness tests.
+    The status is 1 when a family fails its exactness tests.
     """
     print(
         f"Exactness of RejectionSampler: {args.rows} sequences per family, k={args.k}, "

@@ -26,7 +26,7 @@ import argparse
 from typing import Any
 
 from specsample import adapter
-from specsample.cli.args import add_threads_argument, int_in_range
+from specsample.cli.args import add_seed_and_plot_arguments, add_threads_argument, int_in_range
 from specsample.generate.inputs import MAX_NEW_TOKENS
 from specsample.generate.loop import MAX_K
 from specsample.generate.tree import TreeShape
@@ -63,9 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also run target-only decoding and report the wall-clock speedup",
     )
-    parser.add_argument(
-        "--plot", metavar="FILE.png", help="save a bar chart of acceptance by position"
-    )
+    add_seed_and_plot_arguments(parser, plot="a bar chart of acceptance by position")
     parser.add_argument(
         "--input",
         metavar="FILE.jsonl",

@@ -11,7 +11,8 @@
    Use it only when that trade of fidelity for speed is wanted and stated; every exact rule
    of this library (:mod:`specsample.rules.chain`, :mod:`specsample.rules.tree`) is
    preferable whenever the output must be a sample of the target. Quantify the distortion
-   with :func:`typical_first_token_tv` before relying on it.
+   with :func:`typical_first_token_distribution` and :func:`typical_first_token_tv` before
+   relying on it.
 
 The rule (Cai et al., "Medusa", 2024). At draft position ``j`` with target row ``q_j`` the
 draft ``x_j`` is accepted iff::
@@ -253,24 +254,19 @@ def typical_first_token_distribution(
     return kept + failed * argmax
 
 
-def typical_first_token_tv(
-    target_probs: torch.Tensor,
-    draft_probs: torch.Tensor,
-    *,
-    posterior_threshold: float = DEFAULT_POSTERIOR_THRESHOLD,
-    posterior_alpha: float = DEFAULT_POSTERIOR_ALPHA,
-) -> torch.Tensor:
+def typical_first_token_tv(target_probs: torch.Tensor, law: torch.Tensor) -> torch.Tensor:
     """Exact total variation between typical acceptance's first token and the target.
 
-    ``TV = 1/2 sum_y |P(y) - q(y)|`` with ``P`` from :func:`typical_first_token_distribution`;
-    an exact rule has ``TV = 0``. The target rows should be normalised.
+    ``TV = 1/2 sum_y |P(y) - q(y)|`` with ``P`` the law
+    :func:`typical_first_token_distribution` gives; an exact rule has ``TV = 0``. The target
+    rows should be normalised.
 
     Parameters
     ----------
-    target_probs, draft_probs : torch.Tensor
-        ``[..., vocab]`` target rows ``q`` and draft rows ``p``.
-    posterior_threshold, posterior_alpha : float
-        The rule's parameters.
+    target_probs : torch.Tensor
+        ``[..., vocab]`` target rows ``q``.
+    law : torch.Tensor
+        ``[..., vocab]`` the first token's law ``P`` on the same rows.
 
     Returns
     -------
@@ -281,13 +277,14 @@ def typical_first_token_tv(
     --------
     >>> import torch
     >>> q = torch.tensor([0.05, 0.15, 0.8], dtype=torch.float64)
-    >>> round(float(typical_first_token_tv(q, torch.full((3,), 1 / 3, dtype=torch.float64))), 4)
+    >>> law = typical_first_token_distribution(q, torch.full((3,), 1 / 3, dtype=torch.float64))
+    >>> round(float(typical_first_token_tv(q, law)), 4)
     0.1833
     """
-    induced = typical_first_token_distribution(
-        target_probs,
-        draft_probs,
-        posterior_threshold=posterior_threshold,
-        posterior_alpha=posterior_alpha,
-    )
-    return 0.5 * (induced - target_probs.to(torch.float64)).abs().sum(dim=-1)
+    q = _probs("target_probs", target_probs).to(torch.float64)
+    law = _probs("law", law).to(torch.float64)
+    if law.shape != q.shape:
+        raise ValueError(
+            f"law must have the shape of target_probs {tuple(q.shape)}, got {tuple(law.shape)}"
+        )
+    return 0.5 * (law - q).abs().sum(dim=-1)
