@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo exactness test lint bench bench-generate clean
+.PHONY: demo exactness test test-fast lint bench bench-generate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,9 @@ lint: $(STAMP)
 
 test: lint
 	$(PY) -m pytest -n 2 --dist worksteal
+
+test-fast: lint
+	$(PY) -m pytest -n 2 --dist worksteal -m "not slow"
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_sampler.py

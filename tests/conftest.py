@@ -10,12 +10,19 @@ as many: the fuzz suite (``tests/test_fuzz.py``) scales its per-test budgets by
 ``settings.default.max_examples / 100``, so ``long`` runs about 112,000 fuzz examples where
 ``ci`` runs about 5,600 (under a minute on two cores). Tests that fix their own
 ``max_examples`` keep it under both.
+
+The loop's tests share the tiny random Llama models of ``tests/tiny_llama.py`` through the
+fixtures ``pair`` (float64 target and draft), ``pair32`` (float32 copies) and
+``greedy_reference`` (the target's greedy continuations of its prompts), built once per test
+module; a test that needs them is skipped without ``transformers``.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -49,3 +56,25 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[Any, Any]:
+    """A 2-layer float64 Llama target and its perturbed 1-layer draft."""
+    from tests.tiny_llama import make_pair
+
+    return make_pair()
+
+
+@pytest.fixture(scope="module")
+def pair32(pair: tuple[Any, Any]) -> tuple[Any, Any]:
+    """Float32 copies of ``pair``."""
+    return copy.deepcopy(pair[0]).float(), copy.deepcopy(pair[1]).float()
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(pair: tuple[Any, Any]) -> list[list[int]]:
+    """``transformers``' greedy 24 tokens after each prompt of ``tests.tiny_llama.PROMPTS``."""
+    from tests.tiny_llama import PROMPTS, hf_greedy
+
+    return [hf_greedy(pair[0], p, 24) for p in PROMPTS]

@@ -1,5 +1,8 @@
 """The public tree entry :func:`specsample.verify_tree` (:mod:`specsample.api.tree`).
 
+Covers :mod:`specsample.api.tree` and the PyTorch backend's tree step
+(:mod:`specsample.backends.trees`).
+
 It is the tree rules of :mod:`specsample.rules.tree` run through the pipeline and the
 backend seam on the processed target rows: the same tokens as the rule itself on the same
 seeds, the greedy walk for greedy batches, batch invariance of seeded requests, and the

@@ -1,5 +1,8 @@
 """Bad inputs at the public entry points: a ``TypeError`` or ``ValueError`` naming the argument.
 
+Covers the shared validation of the verifiers, :mod:`specsample.checks` (strict mode in
+``tests/test_strict.py``).
+
 One parameter per case (the reliability issue's cases, and the same gaps in neighbouring
 arguments) at ``verify``, ``verify_padded``, ``RejectionSampler`` and ``tree_verify``, strict
 and default. Each ``match`` holds the argument's name and what it allows. A wrong type or

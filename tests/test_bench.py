@@ -1,5 +1,9 @@
 """The benchmark harness :mod:`specsample.bench`, on tiny shapes.
 
+Covers the harness's modules: :mod:`specsample.bench.contestants`,
+:mod:`specsample.bench.inputs`, :mod:`specsample.bench.measure`,
+:mod:`specsample.bench.runner` and :mod:`specsample.bench.table`.
+
 Nothing here asserts on timings: they depend on the machine and its load. The cache flush
 is shrunk to 1 MiB so that every test runs in well under a second or two.
 """

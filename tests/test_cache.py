@@ -1,6 +1,9 @@
 """The KV cache the loop owns (:mod:`specsample.adapter.cache`) and its ``transformers``
 boundary (:mod:`specsample.adapter.model_cache`).
 
+Also covers the 4-D attention masks of a forward over the cache
+(:mod:`specsample.adapter.masks`).
+
 Every operation (add slots and write them, mark the tail, drop the tail, select rows, join
 another cache, compact) is checked against a plain recomputation: per row, the list of its
 slots (key, value, mask bit, position) kept by hand, whose valid slots must be, in order,

@@ -1,4 +1,7 @@
-"""The ``specsample`` command line (:mod:`specsample.cli`): help, usage and runtime errors."""
+"""The ``specsample`` command line (:mod:`specsample.cli`): help, usage and runtime errors.
+
+Covers :mod:`specsample.cli` and its shared argument helpers, :mod:`specsample.cli.args`.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """``specsample generate`` (:mod:`specsample.cli.generate` and its options,
 :mod:`specsample.cli.generate_args`) on tiny random Llama models saved here (never downloaded).
+
+Covers :mod:`specsample.cli.generate`, :mod:`specsample.cli.generate_args` and what the
+command prints, :mod:`specsample.cli.output`.
 """
 
 from __future__ import annotations

@@ -108,6 +108,7 @@ def _hundred() -> list[dict[str, Any] | str]:
     return records
 
 
+@pytest.mark.slow
 def test_hundred_prompts_round_trip(
     tmp_path: Path,
     float64: None,

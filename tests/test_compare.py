@@ -1,6 +1,7 @@
 """The rule comparison: tokens per step, confidence intervals, exact values and the plot.
 
-Covers :mod:`specsample.testing.compare` and :mod:`specsample.testing.exact_values`.
+Covers :mod:`specsample.testing.compare`, :mod:`specsample.testing.exact_values` and the
+``specsample compare`` command, :mod:`specsample.cli.compare`.
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ def graph_breaks() -> dict[str, int]:
     return counters["graph_break"]
 
 
+@pytest.mark.slow
 def test_compiled_sampler_follows_changing_shapes(graph_breaks: dict[str, int]) -> None:
     """``torch.compile(RejectionSampler())`` on four shapes equals the eager sampler."""
     compiled = torch.compile(RejectionSampler(), backend="eager")
@@ -52,6 +53,7 @@ def test_compiled_sampler_follows_changing_shapes(graph_breaks: dict[str, int]) 
     assert not graph_breaks
 
 
+@pytest.mark.slow
 def test_compiled_verify_follows_changing_shapes(graph_breaks: dict[str, int]) -> None:
     """``torch.compile(verify)`` on four ragged batches equals eager ``verify``."""
     compiled = torch.compile(verify, backend="eager")

@@ -1,5 +1,8 @@
 """The cache within the model's context, and attention the loop cannot honour.
 
+Covers what the adapter reads from a model's config, :mod:`specsample.adapter.config`
+(the attention window), and the loop's context check.
+
 The masked rectangular cache grows by the slots of every step, accepted or not. It must never
 need more slots than the model's context (``max_position_embeddings``): some models index a
 fixed causal-mask buffer by slot (GPT-Neo), and every model's positions end there. Models whose

@@ -62,6 +62,7 @@ def shipped(dirs: tuple[Any, Any]) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["chain", "block"])
 def test_first_two_tokens_follow_the_target(shipped: dict[str, Any], method: str) -> None:
     prompt = shipped["tokenizer"].encode(PROMPT)
@@ -91,6 +92,7 @@ TREE_SHAPES = {"mss": TreeShape((3,), "iid"), "traversal": TreeShape((2, 1), "ii
 """The tree of each tree rule's chi-square test (drafted as the rule requires)."""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", sorted(TREE_SHAPES))
 def test_first_two_tokens_follow_the_target_with_tree_drafts(
     shipped: dict[str, Any], rule: str
@@ -118,6 +120,7 @@ def test_first_two_tokens_follow_the_target_with_tree_drafts(
     assert pvalue > ALPHA
 
 
+@pytest.mark.slow
 def test_the_joint_test_rejects_typical_acceptance(shipped: dict[str, Any]) -> None:
     """The same test on a quarter of the rows fails the lossy rule (the test has power)."""
     prompt = shipped["tokenizer"].encode(PROMPT)
@@ -146,6 +149,7 @@ def shipped64(dirs: tuple[Any, Any], shipped: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("method", "k", "adaptive", "batch", "tree"),
     [

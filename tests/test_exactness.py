@@ -1,5 +1,8 @@
 """Statistical exactness of the chain verifier, through :mod:`specsample.testing`.
 
+Covers the statistical harness :mod:`specsample.testing` (``families``, ``simulation``,
+``report``, ``chisquare``) as the exactness suites use it.
+
 Every case below simulates ``ROWS = 100_000`` sequences and asserts
 ``report.passed(ALPHA)`` with ``ALPHA = 1e-4``: the report's ``k + 1`` per-position chi-square
 tests and its two z-tests (acceptance of draft position 0, mean accepted count) each run at

@@ -603,6 +603,7 @@ def _call_sampler(inputs: dict[str, Any]) -> tuple[torch.Tensor, tuple[int, int,
     return out, counters(sampler)
 
 
+@pytest.mark.slow
 @budget(1000)
 @given(sampler_cases())
 def test_rejection_sampler(case: Case) -> None:
@@ -664,6 +665,7 @@ def _call_typical(inputs: dict[str, Any]) -> tuple[torch.Tensor, tuple[int, int,
     return out, counters(sampler)
 
 
+@pytest.mark.slow
 @budget(500)
 @given(typical_cases())
 def test_typical_acceptance_sampler(case: Case) -> None:
@@ -694,6 +696,7 @@ def rule_cases(draw: st.DrawFn) -> Case:
     return draw_layouts(draw, case)
 
 
+@pytest.mark.slow
 @budget(600)
 @given(rule_cases())
 def test_chain_and_block_rules(case: Case) -> None:
@@ -968,6 +971,7 @@ def check_verify(case: Case, out: Any) -> None:
         check_request(case, i, rows[i], n)
 
 
+@pytest.mark.slow
 @budget(1500)
 @given(verify_cases())
 def test_verify(case: Case) -> None:
@@ -1010,6 +1014,7 @@ def padded_cases(draw: st.DrawFn) -> Case:
     return draw_layouts(draw, case)
 
 
+@pytest.mark.slow
 @budget(600)
 @given(padded_cases())
 def test_verify_padded(case: Case) -> None:
@@ -1232,6 +1237,7 @@ def _call_tree(batch: int) -> Callable[[dict[str, Any]], object]:
     return call
 
 
+@pytest.mark.slow
 @budget(900)
 @given(tree_cases())
 def test_tree_verify(case: Case) -> None:

@@ -1,5 +1,8 @@
 """GGUF files, chat templates and several end-of-sequence ids, offline.
 
+Covers the command's model loading, :mod:`specsample.cli.load`, with
+:mod:`specsample.adapter.gguf` on a real file.
+
 A tiny random Llama is written as a GGUF file with the ``gguf`` package, in the tensor names
 and layout transformers' GGUF loader expects (llama.cpp's: ``token_embd``, ``blk.N.attn_q``
 with the query and key rows permuted, ...), its feed-forward weights quantized to ``Q8_0``,
@@ -260,6 +263,7 @@ def _chat_reply(tokenizer: Any, model: Any, prompt: str, system: str | None = No
     return str(tokenizer.decode(out[0, len(ids) :].tolist(), skip_special_tokens=True))
 
 
+@pytest.mark.slow
 def test_cli_chat_on_the_gguf_file_equals_transformers_greedy(
     gguf_file: Path, loaded: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,5 +1,9 @@
 """The Triton kernels of :mod:`specsample.kernels` against the PyTorch reference, on the CPU.
 
+Covers :mod:`specsample.kernels` and its modules (``_common``, ``_jit``, ``_residual``,
+``launch``, ``logits``, ``padded``), and the Triton backend behind the seam,
+:mod:`specsample.backends.triton`.
+
 The kernels run under Triton's interpreter (``TRITON_INTERPRET=1``), which must be switched on
 before triton is first imported: triton's own library functions are compiled or interpreted
 as they are decorated, and an interpreted kernel calling a compiled one fails. In a plain
@@ -84,6 +88,7 @@ NUDGES = (1e-12, -1e-12, 1e-9, -1e-9, 1e-6, -1e-6)
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
 @pytest.mark.skipif(IN_PROCESS, reason="already running under TRITON_INTERPRET=1")
 def test_kernels_under_the_interpreter() -> None:

@@ -1,6 +1,10 @@
 """The parameter objects (:mod:`specsample.params`) and how :func:`specsample.verify` takes
 them (:mod:`specsample.api.options`): one validated :class:`Requests` gives the tokens the
-same keywords give, step after step, and the two forms do not mix."""
+same keywords give, step after step, and the two forms do not mix.
+
+Also covers the PyTorch backend's typical-acceptance step on logits
+(:mod:`specsample.backends.lossy`).
+"""
 
 from __future__ import annotations
 

@@ -277,20 +277,6 @@ def test_policy_refuses_a_negative_maximum() -> None:
         DraftLengthPolicy(k_max=-1, batch=1)
 
 
-def test_stats_count_only_the_drafts_offered() -> None:
-    """With adaptive lengths a position is offered in fewer forwards than were run."""
-    from specsample.generate.stats import GenerationStats
-
-    stats = GenerationStats(
-        "speculative", "model", "chain", 2, 1, 6, 1.0, 4, 4, (2, 1, 1), offered_by_position=(2, 1)
-    )
-    assert stats.proposed == 3
-    assert stats.acceptance_rate == 1.0
-    assert stats.acceptance_by_position == [1.0, 1.0]
-    merged = stats.merge(stats)
-    assert merged.offered_by_position == (4, 2) and merged.acceptance_rate == 1.0
-
-
 def test_a_later_run_starts_from_the_timings_of_earlier_ones() -> None:
     """Lengths timed at about a batch size are not tried again; another size is tried."""
     first = DraftLengthPolicy(k_max=2, batch=4)

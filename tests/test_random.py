@@ -1,4 +1,10 @@
-"""Counter-based random numbers and per-row seeding."""
+"""Counter-based random numbers and per-row seeding.
+
+Statistical tests run at level ``ALPHA = 1e-6`` each (the chance an ideal generator fails
+one): the uniformity test (2**20 draws, 256 bins) detects a TV >= 0.007 from uniform, the
+pair test (2**18 pairs, 16 x 16 cells) a joint TV >= 0.014, both with probability >= 99%;
+the correlation test allows 5 standard errors (false failure < 1e-6).
+"""
 
 from __future__ import annotations
 

@@ -98,6 +98,7 @@ def assert_refused(
 # --------------------------------------------------------------------------- compare
 
 
+@pytest.mark.slow
 def test_compare_k(capsys: pytest.CaptureFixture[str]) -> None:
     """``--k 300 --rows 10`` once grew past 20 GB; now k is at most 64."""
     assert_refused(["compare", "--k", "300", "--rows", "10"], capsys, "--k", "[1, 64], got 300")
@@ -107,6 +108,7 @@ def test_compare_k(capsys: pytest.CaptureFixture[str]) -> None:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_compare_rows(capsys: pytest.CaptureFixture[str]) -> None:
     assert_refused(["compare", "--rows", str(10**12)], capsys, "--rows", "[2, 10000000]")
     assert_within_memory(
@@ -260,6 +262,7 @@ def _generate(tiny_pair: dict[str, Path], *extra: str, draft: bool = True) -> li
     return ["generate", "w1 w2 w3", *models, "--threads", "1", *extra]
 
 
+@pytest.mark.slow
 def test_generate_k(tiny_pair: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     """``-k 1000`` once ran for minutes; now k is at most 64, refused before loading."""
     assert_refused(_generate(tiny_pair, "-k", "1000"), capsys, "argument -k", "[1, 64]")
@@ -268,6 +271,7 @@ def test_generate_k(tiny_pair: dict[str, Path], capsys: pytest.CaptureFixture[st
     )
 
 
+@pytest.mark.slow
 def test_generate_max_new_tokens(
     tiny_pair: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -278,6 +282,7 @@ def test_generate_max_new_tokens(
     assert_within_memory(_generate(tiny_pair, "--max-new-tokens", str(limit), draft=False))
 
 
+@pytest.mark.slow
 def test_generate_batch_size(
     tiny_pair: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -307,15 +312,15 @@ def test_generate_prompt_length(
 
 def test_generate_api_bounds() -> None:
     pytest.importorskip("transformers")
-    from tests.test_generate import make_pair
+    from tests.tiny_llama import make_pair
 
     target, draft = make_pair(max_position_embeddings=16)
-    with pytest.raises(ValueError, match="k must be <= 64, got 65"):
+    with pytest.raises(ValueError, match=r"k must be in \[1, 64\], got 65"):
         generate.speculative_generate(target, [[1, 2]], draft, k=65)
     with pytest.raises(ValueError, match=r"k must be below the target's context \(16"):
         generate.speculative_generate(target, [[1, 2]], draft, k=16)
     too_many = generate.MAX_NEW_TOKENS + 1
-    with pytest.raises(ValueError, match=f"max_new_tokens must be <= {too_many - 1}"):
+    with pytest.raises(ValueError, match=rf"max_new_tokens must be in \[1, {too_many - 1}\]"):
         generate.target_generate(target, [[1, 2]], max_new_tokens=too_many)
     with pytest.raises(ValueError, match="max_batch_size must be >= 1"):
         generate.target_generate(target, [[1, 2]], max_batch_size=0)

@@ -1,4 +1,9 @@
-"""Deterministic behaviour of the chain verifier and of :class:`RejectionSampler`."""
+"""Deterministic behaviour of the chain verifier and of :class:`RejectionSampler`.
+
+Covers :mod:`specsample.sampler` and the chain rule it runs: :mod:`specsample.rules.chain`,
+the residual draw :mod:`specsample.rules.residual` and the row helpers
+:mod:`specsample.rules.rows` (their statistical exactness is in ``tests/test_exactness.py``).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Counters and metrics of :mod:`specsample.stats`."""
+"""Counters and metrics: of verification (:mod:`specsample.stats`) and of a generation run.
+
+Covers :mod:`specsample.stats` and :mod:`specsample.generate.stats` (the
+:class:`GenerationStats` a run reports: merged runs, the table and the dictionary).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import math
 import pytest
 import torch
 
+from specsample.generate import GenerationStats
 from specsample.sampler import RejectionSampler
 from specsample.stats import VerificationStats, expected_acceptance
 from specsample.testing import draw_inputs, make_family
@@ -125,3 +130,29 @@ def test_realised_acceptance_matches_the_expectation() -> None:
     assert abs(z) < 5
     assert sampler.stats.expected_acceptance_rate == pytest.approx(float(a.mean()), rel=1e-6)
     assert abs(sampler.stats.acceptance_rate - sampler.stats.expected_acceptance_rate) < 0.02
+
+
+def test_stats_table_and_merge() -> None:
+    a = GenerationStats("speculative", "n-gram", "chain", 2, 1, 6, 0.5, 3, 3, (1, 1, 1))
+    b = GenerationStats("speculative", "n-gram", "chain", 2, 2, 4, 0.5, 2, 4, (2, 2, 0))
+    merged = a.merge(b)
+    assert (merged.sequences, merged.tokens, merged.steps) == (3, 10, 5)
+    assert merged.accepted_counts == (3, 3, 1)
+    assert merged.acceptance_by_position == pytest.approx([4 / 7, 1 / 7])
+    assert merged.tokens_per_s == pytest.approx(10.0)
+    table = merged.format_table()
+    for label in ("tokens/s", "acceptance rate", "acceptance by position", "forwards saved"):
+        assert label in table
+    assert merged.as_dict()["target_forwards_saved"] == 3
+
+
+def test_stats_count_only_the_drafts_offered() -> None:
+    """With adaptive lengths a position is offered in fewer forwards than were run."""
+    stats = GenerationStats(
+        "speculative", "model", "chain", 2, 1, 6, 1.0, 4, 4, (2, 1, 1), offered_by_position=(2, 1)
+    )
+    assert stats.proposed == 3
+    assert stats.acceptance_rate == 1.0
+    assert stats.acceptance_by_position == [1.0, 1.0]
+    merged = stats.merge(stats)
+    assert merged.offered_by_position == (4, 2) and merged.acceptance_rate == 1.0

@@ -1,5 +1,8 @@
 """Tree verification: exact enumeration, sampling tests, refusals and the greedy walk.
 
+Covers the top-down tree rules: :mod:`specsample.rules.tree` (:mod:`~specsample.rules.tree.verify`,
+:mod:`~specsample.rules.tree.structure`, :mod:`~specsample.rules.tree.uniforms`).
+
 The toy models are context-dependent: the target row ``q(. | path)`` and the draft row
 ``p(. | path)`` are seeded Dirichlet(0.5) rows keyed by the whole path of tokens from the root
 (so every node of every tree reads its own rows, and reading the row of the wrong node, of
@@ -19,6 +22,11 @@ The library's vectorised implementation is tied to that reference in two ways: o
 uniforms it must take exactly the same decisions, tree after tree; and sampled on 120_000
 trees, the same stream statistic (the emitted tokens, continued with target draws up to
 ``m`` tokens) must pass chi-square tests against ``Q``.
+
+False failures and power: every sampling test fails a correct rule with probability at most
+``ALPHA = 1e-4`` (two chi-square tests at 5e-5 each) and detects, with probability >= 99%, a
+deviation of TV >= 0.0119 in the first-two-token law or >= 0.0147 in the three-token law
+(asserted); the sampled mean tokens per step allows 5 standard errors (false failure < 1e-6).
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Tree drafting in the generation loop, on tiny random models: shapes and rules.
 
+Covers :mod:`specsample.generate.tree` (the static tree shape, its node layout and how
+children are drawn) in the loop.
+
 The end-to-end exactness of tree drafting (the two-token chi-square test, greedy identity on
 the shipped pair) is in ``tests/test_default_pair_e2e.py``; here every drafting mode and rule
 runs on small float64 Llama models built in the test, where greedy output must equal
