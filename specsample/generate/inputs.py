@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
+from specsample.checks import check_int
+
 MAX_NEW_TOKENS = 1 << 20
 """Most tokens one call may generate per prompt (the committed tokens of a batch are kept in
 one ``[batch, prompt + max_new_tokens + k]`` int64 buffer)."""
@@ -49,23 +51,6 @@ def prompt_list(prompts: object) -> list[list[int]]:
     if not result:
         raise ValueError("prompts must hold at least one prompt")
     return result
-
-
-def check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
-    """``value`` if it is an int in ``[minimum, maximum]``, else raise naming ``name``.
-
-    Examples
-    --------
-    >>> check_int("k", 3, 1)
-    3
-    """
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise ValueError(f"{name} must be <= {maximum}, got {value}")
-    return value
 
 
 def eos_ids(eos_token_id: int | Sequence[int] | None) -> list[int]:

@@ -40,7 +40,7 @@ import torch
 from typing_extensions import TypedDict, Unpack
 
 from specsample.adapter import CachedLM, vocab_size
-from specsample.checks import check_flag
+from specsample.checks import check_flag, check_int
 from specsample.generate import inputs
 from specsample.generate.batch import Batch
 from specsample.generate.drafters import Drafter, ModelDrafter
@@ -257,7 +257,7 @@ class Decoder:
             method, k = _tree_rule(tree, method, source), tree.depth
         else:
             check_method(method, chain_methods(lossy=True))
-        inputs.check_int("k", k, 1, MAX_K)
+        check_int("k", k, 1, MAX_K)
         _check_context(k if tree is None else tree.nodes, self.lm)
         if tree is None and METHODS[method].needs_draft_probs and not source.samples:
             raise ValueError(
@@ -326,9 +326,7 @@ class Decoder:
         prompt_ids = inputs.prompt_list(prompts)
         count = len(prompt_ids)
         budgets = inputs.token_budgets(prompt_ids, max_new_tokens, lm.vocab_size, lm.max_positions)
-        size = inputs.check_int(
-            "max_batch_size", count if max_batch_size is None else max_batch_size, 1
-        )
+        size = check_int("max_batch_size", count if max_batch_size is None else max_batch_size, 1)
         params = SamplingParams(temperature=0.0) if sampling is None else sampling
         state = SamplingState.build(count, lm.device, params)
         eos = inputs.eos_ids(eos_token_id)

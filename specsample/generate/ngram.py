@@ -9,15 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from specsample.checks import check_int
 from specsample.generate.drafters import Proposal
 from specsample.generate.sampling import SamplingState
 from specsample.generate.state import DecodeState, Prefill
-
-
-def _check_int(label: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{label} must be an int, got {type(value).__name__}")
-    return value
 
 
 class NGramDrafter:
@@ -63,13 +58,12 @@ class NGramDrafter:
         if not isinstance(others, bool):
             raise TypeError(f"others must be a bool, got {type(others).__name__}")
         self.others = others
-        self.max_ngram = _check_int("max_ngram", max_ngram)
-        self.min_ngram = _check_int("min_ngram", min_ngram)
-        self.window = _check_int("window", window)
-        if not 1 <= min_ngram <= max_ngram:
+        self.min_ngram = check_int("min_ngram", min_ngram, 1)
+        self.max_ngram = check_int("max_ngram", max_ngram, 1)
+        self.window = check_int("window", window, 1)
+        if min_ngram > max_ngram:
             raise ValueError(
-                "need 1 <= min_ngram <= max_ngram, "
-                f"got min_ngram={min_ngram}, max_ngram={max_ngram}"
+                f"min_ngram must be <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}"
             )
         if window <= max_ngram:
             raise ValueError(f"window must exceed max_ngram ({max_ngram}), got {window}")
