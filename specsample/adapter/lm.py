@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from typing import Any, cast
 
 import torch
@@ -290,7 +291,7 @@ def check_masked_cache(model: Any, *, role: str = "target", atol: float | None =
 
     The logits of a short sequence are compared with those obtained by feeding it through
     the cache in two blocks, with a masked garbage slot between them, left padding, and
-    explicit position ids (:func:`~specsample.adapter.checks.verify_masked_cache`). For a
+    explicit position ids (:func:`verify_masked_cache`). For a
     model with a sliding window of up to 37 positions the sequence is longer than the
     window, so the check also covers the window's edge.
 
@@ -308,12 +309,80 @@ def check_masked_cache(model: Any, *, role: str = "target", atol: float | None =
     ValueError
         The model ignores the mask or the position ids.
     """
-    checks.verify_masked_cache(CachedLM(model, role=role, check=False, fused=False), role, atol)
+    verify_masked_cache(CachedLM(model, role=role, check=False, fused=False), role, atol)
 
 
 def _fused_agrees(model: Any, fused: FusedForward) -> bool:
     """Whether ``fused`` gives ``model``'s own logits on the probe of :func:`check_masked_cache`."""
     lm = CachedLM(model, check=False, fused=False)
     lm.fused = fused
-    got, reference, _ = checks.probe(lm)
+    got, reference, _ = probe(lm)
     return bool((got - reference).abs().max() <= checks.tolerance(model, reference))
+
+
+def verify_masked_cache(lm: CachedLM, role: str, atol: float | None = None) -> None:
+    """Check that ``lm.model`` honours a masked slot and explicit positions through ``lm``.
+
+    The check behind :func:`check_masked_cache`, on a cached LM that runs the model's own
+    forward; ``role`` names the model in messages and ``atol`` bounds the logits' difference
+    (default: by the model's dtype, :func:`specsample.adapter.checks.tolerance`).
+
+    Raises
+    ------
+    ValueError
+        The model ignores the mask or the position ids, or returns NaN for a left-padded
+        input even without a cache.
+    """
+    got, reference, tokens = probe(lm)
+    error = float((got - reference).abs().max())
+    if math.isnan(error) and checks.nan_when_padded(lm.model, tokens):
+        implementation = getattr(text_config(lm.model), "_attn_implementation", None)
+        raise ValueError(
+            f"the {role} model returns NaN for a left-padded input even without a cache "
+            f"(attention {implementation!r}, {getattr(lm.model, 'dtype', 'unknown dtype')}): "
+            "a padding slot that attends to nothing turns its softmax into NaN, as "
+            "transformers' own padded batches do; load the model with "
+            "attn_implementation='sdpa' or in float32"
+        )
+    if not error <= checks.tolerance(lm.model, reference, atol):
+        raise ValueError(
+            f"the {role} model does not honour attention_mask and position_ids with a cache "
+            f"(logits differ by {error:.3g}); it cannot be used for batched speculative decoding"
+        )
+    checks.remember(lm.model)
+
+
+def probe(lm: CachedLM) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The last two logits of a probe sequence through ``lm``'s cache, and without a cache.
+
+    The sequence goes through the cache in two blocks, with left padding and a masked
+    garbage slot between them, at explicit positions; for a model with a sliding window of
+    up to 37 positions it is longer than the window, so the window's edge is covered too.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``(cached, reference, tokens)``: ``[2, vocab]`` float32 each, and the probe's
+        ``[1, length]`` tokens.
+    """
+    device = lm.device
+    vocab = lm.vocab_size
+    length = 6
+    if lm.attention.window is not None:
+        length = max(length, min(lm.attention.window + 3, 40))
+    tokens = (torch.arange(length, device=device) * 5 + 1).remainder(vocab).unsqueeze(0)
+    half = length // 2
+    with torch.inference_mode():
+        reference = lm.model(input_ids=tokens).logits[0, -2:].to(torch.float32)
+        lm.reset(1)
+        pad = torch.zeros(1, 1, dtype=torch.int64, device=device)
+        first = torch.cat([pad, tokens[:, :half], pad + 9 % vocab], dim=1)
+        positions = torch.arange(half + 1, device=device)
+        lm.forward(
+            first,
+            torch.cat([pad, positions.unsqueeze(0)], dim=1),
+            valid=torch.cat([pad, torch.ones_like(tokens[:, :half]), pad], dim=1),
+        )
+        rest = torch.arange(half, length, device=device).unsqueeze(0)
+        got = lm.forward(tokens[:, half:], rest, keep=2)[0]
+    return got.to(torch.float32), reference, tokens
