@@ -25,9 +25,19 @@ from specsample.checks import check_step_uniforms
 from specsample.metadata import BatchLayout
 from specsample.params import Requests
 from specsample.plan import LogitsStep, Plan, TreeStep
-from specsample.probs import sampling_stats
+from specsample.probs import RowStats, sampling_stats
 from specsample.random import Seeding, step_uniforms
 from specsample.shared import TreeVerifyResult, VerifyResult
+
+
+def target_stats(
+    target_logits: torch.Tensor, layout: BatchLayout, requests: Requests, *, need_norm: bool
+) -> RowStats:
+    """``[rows]`` statistics of the target rows, each processed with its request's parameters
+    (the normalisers of greedy-only batches only with ``need_norm``)."""
+    sampling = requests.sampling
+    per_row = sampling.rows(layout.target_request())
+    return sampling_stats(target_logits, per_row, need_norm=need_norm or not sampling.all_greedy)
 
 
 def plan_logits(
@@ -54,8 +64,7 @@ def plan_logits(
         Compute the normalisers even when every request is greedy (for log-probabilities).
     """
     sampling = requests.sampling
-    per_row = sampling.rows(layout.target_request())
-    stats = sampling_stats(target_logits, per_row, need_norm=need_norm or not sampling.all_greedy)
+    stats = target_stats(target_logits, layout, requests, need_norm=need_norm)
     device = target_logits.device
     if uniforms is not None:
         uniforms = check_step_uniforms(uniforms, layout.batch, layout.max_drafts + 1, device)
@@ -135,13 +144,17 @@ def run_tree(step: TreeStep, *, backend: str) -> TreeVerifyResult:
 
 
 def emitted_logprobs(
-    target_logits: torch.Tensor, plan: Plan, token_ids: torch.Tensor, *, backend: str
+    target_logits: torch.Tensor,
+    layout: BatchLayout,
+    stats: RowStats,
+    token_ids: torch.Tensor,
+    *,
+    backend: str,
 ) -> torch.Tensor:
     """``[batch, max_drafts + 1]`` float32 ``log q`` of each emitted token at its own target
-    row (the plan's statistics); NaN at padding."""
-    layout = plan.layout
+    row (``stats``, with normalisers); NaN at padding."""
     cols = torch.arange(token_ids.shape[-1], device=token_ids.device)
     rows = (layout.target_start.unsqueeze(-1) + cols).clamp_(max=target_logits.shape[0] - 1)
     log_q = backends.get(backend).log_q
-    logprobs = log_q(target_logits, plan.stats, rows, token_ids.clamp(min=0))
+    logprobs = log_q(target_logits, stats, rows, token_ids.clamp(min=0))
     return logprobs.masked_fill_(token_ids < 0, torch.nan)

@@ -285,6 +285,23 @@ def processed_probs(
     return torch.where(sampling.greedy.unsqueeze(-1), onehot, probs)
 
 
+def request_probs(logits: torch.Tensor, sampling: SamplingMetadata) -> torch.Tensor:
+    """:func:`processed_probs` of ``[batch, slots, vocab]`` logits, every row with its
+    request's parameters (request ``b`` owns the slots ``logits[b]``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> meta = SamplingMetadata.build(2, torch.device("cpu"), temperature=[0.0, 1.0])
+    >>> request_probs(torch.tensor([[[0.0, 1.0]], [[0.0, 0.0]]]), meta).tolist()
+    [[[0.0, 1.0]], [[0.5, 0.5]]]
+    """
+    batch, slots, vocab = logits.shape
+    request = torch.arange(batch, device=logits.device).repeat_interleave(slots)
+    flat = logits.reshape(batch * slots, vocab)
+    return processed_probs(flat, sampling.rows(request)).view(batch, slots, vocab)
+
+
 def _unfiltered(
     logits: torch.Tensor, inv_temperature: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

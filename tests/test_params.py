@@ -103,3 +103,34 @@ def test_typical_needs_the_bonus_rows() -> None:
     drafts_only = logits[[0, 1, 2, 4, 5]]
     with pytest.raises(ValueError, match="method='typical' needs the bonus rows"):
         verify(drafts_only, ids, counts, method="typical", bonus_token_ids=torch.zeros(3).long())
+
+
+def test_typical_logprobs_draw_no_random_numbers() -> None:
+    """Log-probabilities of a typical step are ``log q`` at the emitted tokens, and reading
+    them leaves the shared generator untouched (the rule draws nothing)."""
+    logits, ids, counts = _batch(3)
+    generator = torch.Generator().manual_seed(5)
+    before = generator.get_state()
+    temps = [0.7, 0.9, 1.3]
+    out = verify(
+        logits,
+        ids,
+        counts,
+        method="typical",
+        temperature=temps,
+        generator=generator,
+        return_logprobs=True,
+    )
+    assert torch.equal(generator.get_state(), before)
+    assert out.logprobs is not None
+    start = 0
+    for i, (n, t) in enumerate(zip(counts, temps, strict=True)):
+        probs = processed_probs(logits[start : start + n + 1], torch.full((n + 1,), t))
+        emitted = out.token_ids[i, : int(out.num_accepted[i]) + 1]
+        expected = probs[torch.arange(emitted.numel()), emitted].log()
+        torch.testing.assert_close(out.logprobs[i, : emitted.numel()], expected)
+        start += n + 1
+    with pytest.raises(ValueError, match="uniforms"):
+        verify(
+            logits, ids, counts, method="typical", uniforms=torch.zeros(3, 4, dtype=torch.float64)
+        )

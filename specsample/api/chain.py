@@ -214,22 +214,25 @@ def verify(
     if strict:
         _strict_checks(target_logits, draft_token_ids, drafts, layout, bonus, requests.positions)
     uniforms = options.get("uniforms")
+    stats = None
     if method == "typical":
+        if uniforms is not None:
+            raise ValueError("uniforms: method='typical' draws no random numbers")
         token_ids, num_accepted = pipeline.run_typical(
             target_logits, draft_token_ids, layout, requests, backend=chosen
         )
-        if not return_logprobs:
-            return VerifyOutput(token_ids, num_accepted, None)
-        plan = _plan(target_logits, layout, requests, uniforms, strict, need_norm=True)
     else:
         plan = _plan(target_logits, layout, requests, uniforms, strict, need_norm=return_logprobs)
         step = LogitsStep(
             target_logits, draft_token_ids, plan, method, bonus_token_ids=bonus, **drafts
         )
         token_ids, num_accepted = pipeline.run_logits(step, backend=chosen)
+        stats = plan.stats
     if not return_logprobs:
         return VerifyOutput(token_ids, num_accepted, None)
-    logprobs = pipeline.emitted_logprobs(target_logits, plan, token_ids, backend=chosen)
+    if stats is None:
+        stats = pipeline.target_stats(target_logits, layout, requests, need_norm=True)
+    logprobs = pipeline.emitted_logprobs(target_logits, layout, stats, token_ids, backend=chosen)
     return VerifyOutput(token_ids, num_accepted, logprobs)
 
 

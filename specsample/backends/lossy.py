@@ -11,7 +11,7 @@ import torch
 
 from specsample.backends.eager import pad_drafts
 from specsample.metadata import BatchLayout, SamplingMetadata
-from specsample.probs import processed_probs
+from specsample.probs import request_probs
 from specsample.rules.typical import typical_acceptance
 
 
@@ -55,7 +55,5 @@ def verify_typical(
     drafts = pad_drafts(draft_token_ids, layout, vocab, rows)
     cols = torch.arange(width, device=target_logits.device)
     index = (layout.target_start.unsqueeze(-1) + cols).clamp_(max=max(rows - 1, 0))
-    request = torch.arange(layout.batch, device=target_logits.device).repeat_interleave(width)
-    probs = processed_probs(target_logits[index.view(-1)], sampling.rows(request))
-    out = typical_acceptance(probs.view(layout.batch, width, vocab), drafts.ids)
+    out = typical_acceptance(request_probs(target_logits[index], sampling), drafts.ids)
     return out.token_ids, out.num_accepted

@@ -12,10 +12,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import cast
 
-import torch
-
 from specsample.plan import TreeStep
-from specsample.probs import processed_probs
+from specsample.probs import request_probs
 from specsample.rules.tree import (
     Drafting,
     TreeMethod,
@@ -42,6 +40,7 @@ def verify_tree(step: TreeStep) -> TreeVerifyResult:
 
     Examples
     --------
+    >>> import torch
     >>> from specsample.params import DraftTree, Requests, SamplingParams
     >>> logits = torch.tensor([[[0.0, 9.0], [9.0, 0.0]]])
     >>> tree = DraftTree.build(torch.tensor([-1, 0]), "deterministic")
@@ -54,10 +53,7 @@ def verify_tree(step: TreeStep) -> TreeVerifyResult:
         return tree_verify_greedy(
             logits, ids, tree.parents, max_depth=tree.max_depth, max_children=tree.max_children
         )
-    batch, nodes, vocab = logits.shape
-    request = torch.arange(batch, device=logits.device).repeat_interleave(nodes)
-    flat = logits.reshape(batch * nodes, vocab)
-    probs = processed_probs(flat, requests.sampling.rows(request)).view(batch, nodes, vocab)
+    probs = request_probs(logits, requests.sampling)
     rule: Callable[..., TreeVerifyResult]
     if method == "traversal":
         if draft_probs is None:
