@@ -192,6 +192,7 @@ def test_the_boundary_is_a_transformers_cache_over_our_tensors() -> None:
     assert torch.equal(keys, key) and torch.equal(values, value)
     assert torch.equal(cache.layer(0)[0], key)
     assert boundary.get_seq_length(0) == 3 and boundary.get_mask_sizes(2, 0) == (5, 0)
+    assert boundary.get_mask_sizes(torch.arange(3, 5), 0) == (5, 0)
 
 
 @pytest.mark.parametrize("fused", [True, False])

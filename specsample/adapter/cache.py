@@ -260,5 +260,6 @@ def _with_room(buffer: torch.Tensor, length: int, total: int) -> torch.Tensor:
         return buffer
     batch, heads, _, dim = buffer.shape
     fresh = buffer.new_empty(batch, heads, max(2 * total, SPARE), dim)
-    fresh[:, :, :length].copy_(buffer[:, :, :length])
+    if length:
+        fresh[:, :, :length].copy_(buffer[:, :, :length])
     return fresh

@@ -1,6 +1,6 @@
 """What the masked-cache check of :mod:`specsample.adapter.lm` needs of a bare model.
 
-The check (:func:`specsample.adapter.lm.verify_masked_cache`) compares a model's logits
+The check (:func:`specsample.adapter.lm.check_masked_cache`) compares a model's logits
 through the loop's cache with its own; here are its tolerance by dtype (:func:`tolerance`),
 the diagnosis of attention that turns padding into NaN, and the record of the models that
 passed (:func:`passed`, :func:`remember`), so each is checked once.

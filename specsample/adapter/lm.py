@@ -180,13 +180,12 @@ class CachedLM:
             position_ids = position_ids.clamp(max=self.max_positions - 1)
         window = self.attention.window
         cache.add_slots(input_ids.shape[1], valid, position_ids if window is not None else None)
-        dtype = getattr(self.model, "dtype", torch.float32)
         if self.fused is not None:
-            full = additive_masks(cache, position_ids, visible, self.attention, dtype)
-            return self.fused(input_ids, position_ids, cast(torch.Tensor, full), cache, keep)
+            full = cast(torch.Tensor, self._masks(cache, position_ids, visible))  # no window
+            return self.fused(input_ids, position_ids, full, cache, keep)
         mask: torch.Tensor | dict[str, torch.Tensor] = cache.mask
         if window is not None or visible is not None:
-            mask = additive_masks(cache, position_ids, visible, self.attention, dtype)
+            mask = self._masks(cache, position_ids, visible)
         boundary = self._boundary if cache is self.cache else model_cache(cache)
         kwargs: dict[str, Any] = {
             "input_ids": input_ids,
@@ -199,6 +198,13 @@ class CachedLM:
             kwargs[self._keep_arg] = keep
         logits = self.model(**kwargs).logits
         return logits if keep == 0 else logits[:, -keep:]
+
+    def _masks(
+        self, cache: KVCache, position_ids: torch.Tensor, visible: torch.Tensor | None
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The 4-D additive masks of a forward over ``cache``, in the model's dtype."""
+        dtype = getattr(self.model, "dtype", torch.float32)
+        return additive_masks(cache, position_ids, visible, self.attention, dtype)
 
     def set_tail_valid(self, valid: torch.Tensor) -> None:
         """Set the mask of the last ``n`` slots to ``valid [batch, n]`` (rejected drafts: 0)."""
@@ -291,9 +297,9 @@ def check_masked_cache(model: Any, *, role: str = "target", atol: float | None =
 
     The logits of a short sequence are compared with those obtained by feeding it through
     the cache in two blocks, with a masked garbage slot between them, left padding, and
-    explicit position ids (:func:`verify_masked_cache`). For a
-    model with a sliding window of up to 37 positions the sequence is longer than the
-    window, so the check also covers the window's edge.
+    explicit position ids. For a model with a sliding window of up to 37 positions the
+    sequence is longer than the window, so the check also covers the window's edge. A model
+    that passes is remembered (:func:`specsample.adapter.checks.remember`).
 
     Parameters
     ----------
@@ -302,30 +308,8 @@ def check_masked_cache(model: Any, *, role: str = "target", atol: float | None =
     role : str
         Name used in the error message.
     atol : float, optional
-        Tolerance on the logits (default: scaled to the model's dtype).
-
-    Raises
-    ------
-    ValueError
-        The model ignores the mask or the position ids.
-    """
-    verify_masked_cache(CachedLM(model, role=role, check=False, fused=False), role, atol)
-
-
-def _fused_agrees(model: Any, fused: FusedForward) -> bool:
-    """Whether ``fused`` gives ``model``'s own logits on the probe of :func:`check_masked_cache`."""
-    lm = CachedLM(model, check=False, fused=False)
-    lm.fused = fused
-    got, reference, _ = probe(lm)
-    return bool((got - reference).abs().max() <= checks.tolerance(model, reference))
-
-
-def verify_masked_cache(lm: CachedLM, role: str, atol: float | None = None) -> None:
-    """Check that ``lm.model`` honours a masked slot and explicit positions through ``lm``.
-
-    The check behind :func:`check_masked_cache`, on a cached LM that runs the model's own
-    forward; ``role`` names the model in messages and ``atol`` bounds the logits' difference
-    (default: by the model's dtype, :func:`specsample.adapter.checks.tolerance`).
+        Tolerance on the logits (default: scaled to the model's dtype,
+        :func:`specsample.adapter.checks.tolerance`).
 
     Raises
     ------
@@ -333,26 +317,34 @@ def verify_masked_cache(lm: CachedLM, role: str, atol: float | None = None) -> N
         The model ignores the mask or the position ids, or returns NaN for a left-padded
         input even without a cache.
     """
-    got, reference, tokens = probe(lm)
+    got, reference, tokens = _probe(CachedLM(model, role=role, check=False, fused=False))
     error = float((got - reference).abs().max())
-    if math.isnan(error) and checks.nan_when_padded(lm.model, tokens):
-        implementation = getattr(text_config(lm.model), "_attn_implementation", None)
+    if math.isnan(error) and checks.nan_when_padded(model, tokens):
+        implementation = getattr(text_config(model), "_attn_implementation", None)
         raise ValueError(
             f"the {role} model returns NaN for a left-padded input even without a cache "
-            f"(attention {implementation!r}, {getattr(lm.model, 'dtype', 'unknown dtype')}): "
+            f"(attention {implementation!r}, {getattr(model, 'dtype', 'unknown dtype')}): "
             "a padding slot that attends to nothing turns its softmax into NaN, as "
             "transformers' own padded batches do; load the model with "
             "attn_implementation='sdpa' or in float32"
         )
-    if not error <= checks.tolerance(lm.model, reference, atol):
+    if not error <= checks.tolerance(model, reference, atol):
         raise ValueError(
             f"the {role} model does not honour attention_mask and position_ids with a cache "
             f"(logits differ by {error:.3g}); it cannot be used for batched speculative decoding"
         )
-    checks.remember(lm.model)
+    checks.remember(model)
 
 
-def probe(lm: CachedLM) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _fused_agrees(model: Any, fused: FusedForward) -> bool:
+    """Whether ``fused`` gives ``model``'s own logits on the probe of :func:`check_masked_cache`."""
+    lm = CachedLM(model, check=False, fused=False)
+    lm.fused = fused
+    got, reference, _ = _probe(lm)
+    return bool((got - reference).abs().max() <= checks.tolerance(model, reference))
+
+
+def _probe(lm: CachedLM) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The last two logits of a probe sequence through ``lm``'s cache, and without a cache.
 
     The sequence goes through the cache in two blocks, with left padding and a masked

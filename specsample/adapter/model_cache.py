@@ -2,7 +2,8 @@
 
 A ``transformers`` causal LM takes its KV cache as a ``transformers.Cache``: each attention
 layer calls ``update(key, value, layer_idx)`` and attends to what it returns, and the model
-asks ``get_seq_length`` and ``get_mask_sizes`` to place the new tokens and size its masks.
+asks ``get_seq_length`` and ``get_mask_sizes`` to place the new tokens and size its masks
+(``transformers`` 5 passes the latter the number of new tokens, 4.x their cache positions).
 :func:`model_cache` wraps a :class:`~specsample.adapter.cache.KVCache` in the narrowest such
 object: those calls read and write the cache's own tensors, and nothing else is kept.
 
@@ -62,7 +63,11 @@ def _cache_class() -> type:
         def get_seq_length(self, layer_idx: int = 0) -> int:
             return self.cache.length(layer_idx)
 
-        def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
-            return self.cache.length(layer_idx) + query_length, 0
+        def get_mask_sizes(
+            self, queries: int | torch.Tensor, layer_idx: int = 0
+        ) -> tuple[int, int]:
+            # transformers 5 passes the number of queries, 4.x their cache positions
+            count = queries.shape[0] if isinstance(queries, torch.Tensor) else queries
+            return self.cache.length(layer_idx) + count, 0
 
     return ModelCache
