@@ -46,7 +46,7 @@ from specsample.bench import (
     correlated_logits,
     profile_calls,
 )
-from specsample.cli.args import parse_positive_int
+from specsample.cli.args import int_in_range
 from specsample.cli.bench import parse_shape
 
 SHAPES: tuple[Shape, ...] = ((64, 4, 128256), (16, 5, 151936))
@@ -237,10 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         "--shapes", nargs="+", type=parse_shape, metavar="BxKxV", help="shapes to run"
     )
     parser.add_argument(
-        "--repeats", type=parse_positive_int, default=None, help="cold calls (default 5)"
+        "--repeats", type=int_in_range(1), default=None, help="cold calls (default 5)"
     )
     parser.add_argument(
-        "--threads", type=parse_positive_int, default=None, help="CPU threads torch may use"
+        "--threads", type=int_in_range(1), default=None, help="CPU threads torch may use"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs")
     args = parser.parse_args(argv)

@@ -12,9 +12,8 @@ Examples
 >>> watch = Stopwatch()
 >>> watch.elapsed() >= 0.0
 True
->>> times = repeat(lambda: sum(range(100)), repeats=3, warmup=1)
->>> len(times), all(t >= 0.0 for t in times)
-(3, True)
+>>> per_call(lambda: sum(range(100)), calls=3) >= 0.0
+True
 """
 
 from __future__ import annotations
@@ -23,6 +22,8 @@ import time
 from collections.abc import Callable
 
 import torch
+
+from specsample.checks import check_int
 
 
 def synchronize(device: torch.device | None = None) -> None:
@@ -64,69 +65,17 @@ class Stopwatch:
     Examples
     --------
     >>> watch = Stopwatch()
-    >>> first = watch.lap()
-    >>> watch.elapsed() >= first >= 0.0
+    >>> watch.elapsed() >= 0.0
     True
     """
 
     def __init__(self, device: torch.device | None = None) -> None:
         self.device = device
         self.start = now(device)
-        self._last = self.start
 
     def elapsed(self) -> float:
         """Seconds since the start."""
         return now(self.device) - self.start
-
-    def lap(self) -> float:
-        """Seconds since the previous lap (or the start), and start the next lap."""
-        reading = now(self.device)
-        lap, self._last = reading - self._last, reading
-        return lap
-
-
-def repeat(
-    fn: Callable[[], object],
-    *,
-    repeats: int,
-    warmup: int = 0,
-    device: torch.device | None = None,
-) -> list[float]:
-    """Call ``fn`` ``warmup`` times untimed, then ``repeats`` times: the seconds of each.
-
-    Parameters
-    ----------
-    fn : callable
-        The work to time, called without arguments.
-    repeats : int
-        Timed calls, at least 1.
-    warmup : int
-        Untimed calls first, at least 0.
-    device : torch.device, optional
-        Synchronised around each timed call (CUDA only).
-
-    Raises
-    ------
-    ValueError
-        ``repeats < 1`` or ``warmup < 0``.
-
-    Examples
-    --------
-    >>> len(repeat(lambda: None, repeats=2))
-    2
-    """
-    if repeats < 1:
-        raise ValueError(f"repeats must be at least 1, got {repeats}")
-    if warmup < 0:
-        raise ValueError(f"warmup must be at least 0, got {warmup}")
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = now(device)
-        fn()
-        times.append(now(device) - start)
-    return times
 
 
 def per_call(fn: Callable[[], object], *, calls: int, device: torch.device | None = None) -> float:
@@ -147,6 +96,8 @@ def per_call(fn: Callable[[], object], *, calls: int, device: torch.device | Non
 
     Raises
     ------
+    TypeError
+        ``calls`` is not an int.
     ValueError
         ``calls < 1``.
 
@@ -155,8 +106,7 @@ def per_call(fn: Callable[[], object], *, calls: int, device: torch.device | Non
     >>> per_call(lambda: sum(range(100)), calls=3) >= 0.0
     True
     """
-    if calls < 1:
-        raise ValueError(f"calls must be at least 1, got {calls}")
+    check_int("calls", calls, 1)
     if device is None or device.type != "cuda":
         start = now()
         for _ in range(calls):

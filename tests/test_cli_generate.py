@@ -39,20 +39,9 @@ def _save_tokenizer(directory: Path, words: list[str]) -> None:
 def _tiny_llama(layers: int) -> Any:
     """A random Llama over ``WORDS`` (float32, eval mode)."""
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        initializer_range=0.2,
-        eos_token_id=None,
-        bos_token_id=None,
-        pad_token_id=None,
-    )
-    return transformers.LlamaForCausalLM(config).eval()
+    from tests.tiny_llama import llama_config
+
+    return transformers.LlamaForCausalLM(llama_config(layers)).eval()
 
 
 @pytest.fixture(scope="module")

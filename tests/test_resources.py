@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from specsample.testing import (
     make_family,
     simulate,
 )
+from specsample.timing import Stopwatch
 
 PEAK_LIMIT_KIB = 2 * 1024 * 1024
 """Peak resident memory allowed to a command at its bounds: 2 GiB."""
@@ -83,9 +83,9 @@ def assert_refused(
     args: list[str], capsys: pytest.CaptureFixture[str], *fragments: str, status: int = 2
 ) -> None:
     """The command refuses at once with one line on stderr holding every fragment."""
-    start = time.perf_counter()
+    watch = Stopwatch()
     assert main(args) == status
-    elapsed = time.perf_counter() - start
+    elapsed = watch.elapsed()
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1, captured.err

@@ -7,16 +7,14 @@ import time
 import pytest
 import torch
 
-from specsample.timing import Stopwatch, now, per_call, repeat, synchronize
+from specsample.timing import Stopwatch, now, per_call, synchronize
 
 
 def test_spans_cover_the_work() -> None:
     """Every span holds the work it times: a 20 ms sleep reads at least 20 ms."""
     watch = Stopwatch(torch.device("cpu"))
     time.sleep(0.02)
-    assert watch.lap() >= 0.02
     assert watch.elapsed() >= 0.02
-    assert min(repeat(lambda: time.sleep(0.01), repeats=2)) >= 0.01
     assert per_call(lambda: time.sleep(0.01), calls=2) >= 0.01
 
 
@@ -33,9 +31,5 @@ def test_cpu_device_needs_no_synchronisation() -> None:
 
 
 def test_bad_counts_are_refused() -> None:
-    with pytest.raises(ValueError, match="calls must be at least 1"):
+    with pytest.raises(ValueError, match="calls must be >= 1"):
         per_call(lambda: None, calls=0)
-    with pytest.raises(ValueError, match="repeats must be at least 1"):
-        repeat(lambda: None, repeats=0)
-    with pytest.raises(ValueError, match="warmup must be at least 0"):
-        repeat(lambda: None, repeats=1, warmup=-1)

@@ -26,13 +26,13 @@ MAX_THREADS = 256
 """Most CPU threads ``--threads`` may ask for."""
 
 
-def int_in_range(low: int, high: int) -> Callable[[str], int]:
-    """A command-line type: an integer in ``[low, high]``.
+def int_in_range(low: int, high: int | None = None) -> Callable[[str], int]:
+    """A command-line type: an integer in ``[low, high]`` (``None``: no upper bound).
 
     Parameters
     ----------
     low, high : int
-        The bounds, both included.
+        The bounds, both included; ``high=None`` accepts any integer ``>= low``.
 
     Returns
     -------
@@ -53,41 +53,24 @@ def int_in_range(low: int, high: int) -> Callable[[str], int]:
     Traceback (most recent call last):
     ...
     argparse.ArgumentTypeError: expected an integer in [1, 64], got 65
+    >>> int_in_range(1)("0")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected an integer >= 1, got 0
     """
+    allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = None
-        if value is None or not low <= value <= high:
+        if value is None or value < low or (high is not None and value > high):
             shown = repr(text) if value is None else value
-            raise argparse.ArgumentTypeError(f"expected an integer in [{low}, {high}], got {shown}")
+            raise argparse.ArgumentTypeError(f"expected an integer {allowed}, got {shown}")
         return value
 
     return parse
-
-
-def parse_positive_int(text: str) -> int:
-    """Parse a positive integer command-line value.
-
-    Raises
-    ------
-    argparse.ArgumentTypeError
-        The text is not an integer ``>= 1``.
-
-    Examples
-    --------
-    >>> parse_positive_int("7")
-    7
-    """
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def probability(text: str) -> float:

@@ -49,7 +49,7 @@ from specsample.testing.families import (
     check_table_size,
     make_family,
 )
-from specsample.testing.simulation import draw_inputs
+from specsample.testing.simulation import derived_seed, draw_inputs
 
 _TREE_DRAFTING: Drafting = "iid"
 
@@ -144,14 +144,9 @@ def _chunks(rows: int, width: int, vocab: int, seed: int) -> list[tuple[int, int
     """
     size = min(CHUNK_ROWS, max(1, CHUNK_VALUES // (width * vocab)))
     return [
-        (seed if index == 0 else _mix(seed, index), min(size, rows - begin))
+        (seed if index == 0 else derived_seed(seed, index), min(size, rows - begin))
         for index, begin in enumerate(range(0, rows, size))
     ]
-
-
-def _mix(seed: int, index: int) -> int:
-    """A seed for chunk ``index >= 1`` of a run seeded by ``seed``."""
-    return (seed * 6364136223846793005 + index * 1442695040888963407) % (1 << 63)
 
 
 def _tree_nodes(k: int, branching: int) -> int:

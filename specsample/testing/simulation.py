@@ -148,8 +148,18 @@ def _concat(family: Family, blocks: list[VerifierInputs]) -> VerifierInputs:
     return VerifierInputs(*(torch.cat(parts) for parts in zip(*blocks, strict=True)))
 
 
-def _verifier_seed(seed: int) -> int:
-    return (seed * 6364136223846793005 + 1442695040888963407) % (1 << 63)
+def derived_seed(seed: int, index: int = 1) -> int:
+    """Seed number ``index`` derived from ``seed`` (a linear congruential mix), in ``[0, 2**63)``.
+
+    The verifier of a simulation seeded by ``seed`` draws from ``derived_seed(seed)``; the
+    drafts keep ``seed`` itself.
+
+    Examples
+    --------
+    >>> derived_seed(1), derived_seed(1, index=0)
+    (7806831264735756412, 6364136223846793005)
+    """
+    return (seed * 6364136223846793005 + index * 1442695040888963407) % (1 << 63)
 
 
 def _forked_rng(device: torch.device) -> contextlib.AbstractContextManager[None]:
@@ -198,7 +208,7 @@ def _run_blocks(
     check_int("batch_size", batch_size, 1)
     target_device = torch.device(device)
     with _forked_rng(target_device):
-        torch.manual_seed(_verifier_seed(seed))
+        torch.manual_seed(derived_seed(seed))
         for inputs in _input_blocks(family, rows, seed):
             outputs = []
             for begin in range(0, inputs.draft_token_ids.shape[0], batch_size):
