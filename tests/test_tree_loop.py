@@ -29,8 +29,9 @@ from specsample.generate.tree import TreeLayout  # noqa: E402
 PROMPTS = [[3, 7, 1, 9, 4, 2, 8], [5, 5, 6, 1], [9, 8, 7, 6, 5, 4, 3, 2, 1, 11]]
 
 
-def _tiny(seed: int, layers: int = 2, noise: float = 0.0) -> Any:
-    """A tiny random float64 Llama (vocabulary 64); ``noise`` perturbs a copy of seed 0."""
+def _tiny(seed: int, layers: int = 2, noise: float = 0.0, context: int = 2048) -> Any:
+    """A tiny random float64 Llama (vocabulary 64, ``context`` positions); ``noise`` perturbs
+    a copy of seed 0."""
     torch.manual_seed(seed)
     config = transformers.AutoConfig.for_model(
         "llama",
@@ -40,6 +41,7 @@ def _tiny(seed: int, layers: int = 2, noise: float = 0.0) -> Any:
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
+        max_position_embeddings=context,
     )
     model = transformers.AutoModelForCausalLM.from_config(config).to(torch.float64).eval()
     with torch.no_grad():
@@ -104,6 +106,30 @@ def test_sampled_tree_runs_are_reproducible_and_reach_the_budget(
     ]
     assert runs[0].sequences == runs[1].sequences
     assert [len(s) for s in runs[0].sequences] == [20, 7, 13]
+
+
+@pytest.mark.parametrize("method", ["chain", "traversal"])
+def test_tree_runs_reach_the_end_of_the_context(method: str) -> None:
+    """Where no tree fits before the context ends, the steps left are plain decoding steps:
+    greedy output equals target-only greedy output up to the last position, and sampled
+    runs reach it too."""
+    target, draft = _tiny(0, context=24), _tiny(0, noise=0.3, context=24)
+    tree = TreeShape.build((2, 1, 1), "iid")
+    expected = target_generate(target, PROMPTS, max_new_tokens=64).sequences
+    assert [len(p) + len(e) for p, e in zip(PROMPTS, expected, strict=True)] == [24] * 3
+    greedy = speculative_generate(target, PROMPTS, draft, tree=tree, max_new_tokens=64)
+    assert greedy.sequences == expected
+    sampled = speculative_generate(
+        target,
+        PROMPTS,
+        draft,
+        tree=tree,
+        method=method,
+        temperature=1.0,
+        seeds=1,
+        max_new_tokens=64,
+    )
+    assert [len(s) for s in sampled.sequences] == [len(s) for s in expected]
 
 
 def test_tree_options_are_refused_where_they_cannot_apply(pair: tuple[Any, Any]) -> None:

@@ -19,6 +19,7 @@ from specsample.generate.state import DecodeState, Prefill
 from specsample.generate.stats import GenerationStats
 from specsample.generate.tree import TreeLayout
 from specsample.metadata import BatchLayout
+from specsample.params import DraftTree
 
 
 def _prefill(state: DecodeState) -> Prefill:
@@ -60,6 +61,14 @@ class Batch:
         Most tokens each prompt may generate.
     size : int
         Most sequences decoded at once.
+
+    Attributes
+    ----------
+    method : str
+        The rule of the chain steps: ``run.method``, or ``"chain"`` in a tree run (whose
+        steps without room for a tree are plain decoding steps).
+    tree, draft_tree : TreeLayout and DraftTree, or None
+        A tree run's node layout and the draft layout its verification takes, built once.
     """
 
     def __init__(self, run: Run, prompts: list[list[int]], budgets: list[int], size: int) -> None:
@@ -84,9 +93,18 @@ class Batch:
         self.policy = _policy(run) if run.adaptive else None
         self.counts = torch.zeros(run.k + 1, dtype=torch.int64, device=device)
         self.offered = [0] * run.k
-        self.method = run.method if run.k else "chain"
+        self.method = run.method if run.k and run.tree is None else "chain"
         self.layouts: dict[tuple[int, int], BatchLayout] = {}
-        self.tree = None if run.tree is None else TreeLayout.build(run.tree, device)
+        self.tree: TreeLayout | None = None
+        self.draft_tree: DraftTree | None = None
+        if run.tree is not None:
+            self.tree = TreeLayout.build(run.tree, device)
+            self.draft_tree = DraftTree.build(
+                self.tree.parents,
+                run.tree.drafting,
+                max_depth=run.tree.depth,
+                max_children=max(run.tree.branching),
+            )
         self.steps = self.forwards = self.generated = self.finished = 0
 
     def admit(self) -> None:

@@ -74,28 +74,17 @@ def eos_ids(eos_token_id: int | Sequence[int] | None) -> list[int]:
     )
 
 
-def seed_list(seeds: int | Sequence[int | None] | None, count: int) -> list[int | None] | None:
-    """One seed (or ``None``) per prompt; an int ``s`` gives prompt ``i`` the seed ``s + i``.
+def seed_list(seed: int, count: int) -> list[int]:
+    """The seeds of ``count`` prompts from one int: prompt ``i`` gets ``seed + i``.
 
     Examples
     --------
-    >>> seed_list(5, 3), seed_list([1, None], 2), seed_list(None, 2)
-    ([5, 6, 7], [1, None], None)
+    >>> seed_list(5, 3)
+    [5, 6, 7]
     """
-    if seeds is None:
-        return None
-    if isinstance(seeds, int) and not isinstance(seeds, bool):
-        if seeds < 0:
-            raise ValueError(f"seeds must be non-negative, got {seeds}")
-        return [seeds + i for i in range(count)]
-    if not isinstance(seeds, Sequence):
-        raise TypeError(
-            f"seeds must be an int, a sequence of (int or None), or None, got {seeds!r}"
-        )
-    values = list(seeds)
-    if len(values) != count:
-        raise ValueError(f"seeds must have one entry per prompt ({count}), got {len(values)}")
-    return values
+    if seed < 0:
+        raise ValueError(f"seeds must be non-negative, got {seed}")
+    return [seed + i for i in range(count)]
 
 
 def _new_token_limits(max_new_tokens: int | Sequence[int], count: int) -> list[int]:

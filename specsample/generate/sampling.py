@@ -5,7 +5,7 @@
 and :class:`~specsample.random.Seeding`), the processing of the draft model's distributions
 and the draft randomness. :meth:`SamplingState.build` validates a call's
 :class:`~specsample.params.SamplingParams` once; :meth:`SamplingState.rows` selects the
-sequences a batch holds as they join and leave, without validating anything again.
+sequences a batch holds as they join and leave, without validating the parameters again.
 
 Draft randomness. A seeded sequence's draft samples read the counter stream
 :attr:`specsample.random.Stream.DRAFT`. A step whose first draft sits at absolute position
@@ -20,7 +20,7 @@ increases from step to step, so no counter is ever read twice.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -106,8 +106,6 @@ class SamplingState:
         The same parameters on the host (what :meth:`rows` reads its hints from).
     seeds : list of (int or None), optional
         Per-sequence seeds, ``None``: unseeded.
-    generators : dict of int to torch.Generator
-        The sequences with a generator of their own, by row.
 
     Attributes
     ----------
@@ -129,18 +127,13 @@ class SamplingState:
     """
 
     def __init__(
-        self,
-        requests: Requests,
-        host: SamplingMetadata,
-        seeds: list[int | None] | None,
-        generators: Mapping[int, torch.Generator],
+        self, requests: Requests, host: SamplingMetadata, seeds: list[int | None] | None
     ) -> None:
         self.requests = requests
         self.metadata = requests.sampling
         self.seeding = requests.seeding
         self.host = host
         self.seeds = seeds
-        self.generators = dict(generators)
         self._expanded: dict[int, SamplingMetadata] = {}
 
     @staticmethod
@@ -166,8 +159,7 @@ class SamplingState:
         seeding = seeding_from(
             batch, device, seeds=seeds, generators=params.generators, generator=params.generator
         )
-        requests = Requests(_moved(host, device), seeding)
-        return SamplingState(requests, host, seeds, dict(seeding.generators))
+        return SamplingState(Requests(_moved(host, device), seeding), host, seeds)
 
     @property
     def device(self) -> torch.device:
@@ -182,16 +174,13 @@ class SamplingState:
     def rows(self, rows: Sequence[int]) -> SamplingState:
         """The state of the sequences at ``rows`` (host indices), in that order.
 
-        Nothing is validated again: the parameters and random sources are those of the
-        selected rows, with the host hints and random sources a state built for these rows
-        alone would have.
+        The parameters are not validated again: they are those of the selected rows, with
+        the host hints, and the random sources, a state built for these rows alone would have.
         """
         rows = list(rows)
         index = torch.tensor(rows, dtype=torch.int64)
         host = _narrowed(self.host.rows(index))
-        device = self.device
-        index = index.to(device, non_blocking=True)
-        chosen = self.metadata.rows(index)
+        chosen = self.metadata.rows(index.to(self.device, non_blocking=True))
         metadata = replace(
             host,
             inv_temperature=chosen.inv_temperature,
@@ -201,36 +190,12 @@ class SamplingState:
             min_p=None if host.min_p is None else chosen.min_p,
         )
         seeds = None if self.seeds is None else [self.seeds[i] for i in rows]
-        own = {j: self.generators[i] for j, i in enumerate(rows) if i in self.generators}
-        seeding = self._seeding(rows, index, seeds, own)
-        return SamplingState(Requests(metadata, seeding), host, seeds, own)
-
-    def _seeding(
-        self,
-        rows: list[int],
-        index: torch.Tensor,
-        seeds: list[int | None] | None,
-        own: dict[int, torch.Generator],
-    ) -> Seeding:
-        """The random sources of the sequences at ``rows`` (``index`` on the device), as
-        :meth:`Seeding.build` makes them for these rows alone, without copying seeds again."""
-        seeding = self.seeding
-        counted = seeds is not None and any(s is not None for s in seeds)
-        unseeded = [seeds is None or seeds[j] is None for j in range(len(rows))]
-        shared = [j for j, free in enumerate(unseeded) if free and j not in own]
-        shared_rows = None
-        if len(shared) < len(rows):
-            shared_rows = torch.tensor(shared, dtype=torch.int64).to(
-                index.device, non_blocking=True
-            )
-        return Seeding(
-            len(rows),
-            seeding.seeds[index] if counted and seeding.seeds is not None else None,
-            tuple(sorted(own.items(), key=lambda item: item[0])),
-            shared_rows,
-            seeding.generator,
-            seeding.seeded[index] if counted and seeding.seeded is not None else None,
+        generators = dict(self.seeding.generators)
+        own = {j: generators[i] for j, i in enumerate(rows) if i in generators}
+        seeding = Seeding.build(
+            len(rows), self.device, seeds=seeds, generators=own, generator=self.seeding.generator
         )
+        return SamplingState(Requests(metadata, seeding), host, seeds)
 
     def draft_uniforms(self, positions: torch.Tensor, k: int) -> torch.Tensor:
         """``[batch, k]`` float64 uniforms of a step's draft samples.

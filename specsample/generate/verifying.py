@@ -1,11 +1,13 @@
-"""The loop's verification calls, in one place: a chain step, a typical step, a tree step.
+"""The loop's verification calls, in one place: a chain step (typical acceptance included)
+and a tree step.
 
 Each is a call of the public API (:func:`specsample.verify`, :func:`specsample.verify_tree`)
 with the step's tensors and the objects the loop built once for its batch: the requests of
 the active sequences (:class:`specsample.params.Requests`, moved to each sequence's
 absolute position, its committed length, so that randomness is keyed by seed and position)
 and the draft layout (:class:`specsample.metadata.BatchLayout` of ``k`` drafts per sequence,
-or the tree's parents). The loop around them only drafts, scores and commits.
+or the tree's :class:`specsample.params.DraftTree`). The loop around them only drafts, scores
+and commits.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import torch
 
 from specsample.api import verify, verify_tree
 from specsample.generate.sampling import SamplingState
-from specsample.generate.tree import TreeLayout, TreeShape
 from specsample.metadata import BatchLayout
 from specsample.params import DraftTree
 from specsample.shared import TreeVerifyResult
@@ -77,8 +78,7 @@ def tree_step(
     sampling: SamplingState,
     positions: torch.Tensor,
     *,
-    shape: TreeShape,
-    layout: TreeLayout,
+    tree: DraftTree,
     method: str,
 ) -> TreeVerifyResult:
     """Verify a token tree per sequence: greedy rows follow the target's argmax down it.
@@ -97,10 +97,8 @@ def tree_step(
         The parameters and random sources of the ``batch`` sequences.
     positions : torch.Tensor
         ``[batch]`` int64 absolute position of each sequence's first draft.
-    shape : TreeShape
-        The tree drafted.
-    layout : TreeLayout
-        Its flattened layout (the ``parents`` of every node).
+    tree : DraftTree
+        The tree drafted (its ``parents``, drafting and bounds), built once for the run.
     method : str
         ``"traversal"`` or a tree rule of :func:`specsample.methods.tree_methods`.
 
@@ -109,12 +107,6 @@ def tree_step(
     TreeVerifyResult
         The emitted tokens, their count and the accepted path of every sequence.
     """
-    tree = DraftTree.build(
-        layout.parents,
-        shape.drafting,
-        max_depth=shape.depth,
-        max_children=max(shape.branching),
-    )
     return verify_tree(
         logits,
         tokens,
