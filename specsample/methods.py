@@ -236,13 +236,17 @@ def tree_draftings(method: str | None = None) -> tuple[Drafting, ...]:
     return tuple(cast(Drafting, name) for name in names)
 
 
-def _drafting(drafting: object, allowed: tuple[str, ...]) -> TreeDrafting:
-    """The registry entry of ``drafting``, refusing a non-string or an unknown name."""
+def _drafting(drafting: object, method: str | None = None) -> TreeDrafting:
+    """The registry entry of ``drafting``, refusing a non-string or an unknown name.
+
+    The messages list the modes ``method`` is exact for (all of them for ``None``).
+    """
+    if isinstance(drafting, str) and drafting in TREE_DRAFTINGS:
+        return TREE_DRAFTINGS[drafting]
+    allowed = tree_draftings(method)
     if not isinstance(drafting, str):
         raise TypeError(f"drafting must be a str, one of {allowed}, got {type(drafting).__name__}")
-    if drafting not in TREE_DRAFTINGS:
-        raise ValueError(f"drafting must be one of {allowed}, got {drafting!r}")
-    return TREE_DRAFTINGS[drafting]
+    raise ValueError(f"drafting must be one of {allowed}, got {drafting!r}")
 
 
 def tree_method(drafting: str, method: str | None = None) -> TreeMethod:
@@ -279,7 +283,7 @@ def tree_method(drafting: str, method: str | None = None) -> TreeMethod:
     ...
     ValueError: method='mss' is biased with drafting='deterministic': MSS treats each child ...
     """
-    entry = _drafting(drafting, tree_draftings())
+    entry = _drafting(drafting)
     if method is None:
         return cast(TreeMethod, entry.rule)
     rules = tree_methods(top_down=True)
@@ -329,7 +333,7 @@ def check_traversal_drafting(drafting: object) -> Drafting:
     ...
     ValueError: drafting='deterministic' is refused: traversal verification weighs every ...
     """
-    entry = _drafting(drafting, tree_draftings("traversal"))
+    entry = _drafting(drafting, "traversal")
     reason = entry.reason("traversal")
     if reason is not None:
         raise ValueError(f"drafting={entry.name!r} is refused: {reason}")

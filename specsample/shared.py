@@ -41,6 +41,11 @@ class ChainStep(NamedTuple):
     bonus_token_ids: torch.Tensor
     uniforms: torch.Tensor
 
+    def bonus_only(self) -> VerifyResult:
+        """The result of a step without drafts (``k = 0``): the bonus token alone."""
+        bonus = self.bonus_token_ids.reshape(self.target_probs.shape[0]).to(torch.int64)
+        return VerifyResult(bonus.unsqueeze(-1), torch.zeros_like(bonus))
+
 
 class PaddedRule(ABC):
     """A rule verifying a chain of ``k`` drafts per sequence from ``[batch, k, vocab]`` rows.

@@ -103,12 +103,14 @@ def _kernel() -> Any:
     return kernel
 
 
-def _rule_id(method: str) -> int:
-    """The kernel's ``RULE`` for an exact chain method: its index in :func:`chain_methods`.
+KERNEL_METHODS = chain_methods()
+"""The methods the kernel runs, in the order of its ``RULE``: 0 the chain rule, 1 block
+verification (the exact chain methods of :mod:`specsample.methods`)."""
 
-    The kernel reads 0 as the chain rule and 1 as block verification.
-    """
-    return chain_methods().index(method)
+
+def _rule_id(method: str) -> int:
+    """The kernel's ``RULE`` for a method of :data:`KERNEL_METHODS`: its index there."""
+    return KERNEL_METHODS.index(method)
 
 
 def _next_power_of_two(n: int) -> int:

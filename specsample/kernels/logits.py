@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from specsample.kernels.launch import _check_device, _launch, _rule_id, _Step
-from specsample.methods import METHODS, chain_methods, check_method
+from specsample.kernels.launch import KERNEL_METHODS, _check_device, _launch, _rule_id, _Step
+from specsample.methods import METHODS, check_method
 from specsample.plan import LogitsStep
 from specsample.probs import RowStats, row_stats
 from specsample.shared import unit_columns
@@ -73,7 +73,7 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     """
     target_logits, draft_token_ids, plan, method, draft_probs, draft_logits, bonus_token_ids = step
     layout, stats, greedy, uniforms = plan
-    check_method(method, chain_methods())
+    check_method(method, KERNEL_METHODS)
     if draft_probs is not None and draft_logits is not None:
         raise ValueError("pass draft_probs or draft_logits, not both")
     _check_device(target_logits, draft_token_ids, greedy, uniforms, draft_probs, draft_logits)

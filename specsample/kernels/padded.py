@@ -14,13 +14,14 @@ from __future__ import annotations
 import torch
 
 from specsample.kernels.launch import (
+    KERNEL_METHODS,
     _check_device,
     _launch,
     _launch_masses,
     _rule_id,
     _Step,
 )
-from specsample.methods import chain_methods, check_method
+from specsample.methods import check_method
 from specsample.shared import (
     BLOCK,
     ChainStep,
@@ -120,21 +121,21 @@ class KernelRule(PaddedRule):
     """
 
     def __init__(self, method: str) -> None:
-        self.method = check_method(method, chain_methods())
+        self.method = check_method(method, KERNEL_METHODS)
+        self.rule = _rule_id(self.method)
 
     def __repr__(self) -> str:
         return f"KernelRule({self.method!r})"
 
     def verify(self, step: ChainStep) -> VerifyResult:
         """The rule's result on ``step``, by the kernel."""
-        launch = _padded_step(step, _rule_id(self.method))
+        launch = _padded_step(step, self.rule)
         if launch is None:
-            ids = step.bonus_token_ids.reshape(step.target_probs.shape[0]).to(torch.int64)
-            return VerifyResult(ids.unsqueeze(-1), torch.zeros_like(ids))
+            return step.bonus_only()
         return VerifyResult(*_launch(launch))
 
 
-RULES: dict[str, KernelRule] = {method: KernelRule(method) for method in chain_methods()}
+RULES: dict[str, KernelRule] = {method: KernelRule(method) for method in KERNEL_METHODS}
 """The padded probability rules by name, as :class:`specsample.RejectionSampler` names them."""
 
 chain_kernel_verify = RULES["chain"]
@@ -202,7 +203,7 @@ def kernel_block_masses(
     <BLANKLINE>
             [[0.2500]]])
     """
-    rule = _rule_id(check_method(method, chain_methods()))
+    rule = _rule_id(check_method(method, KERNEL_METHODS))
     step = _padded_step(
         ChainStep(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms), rule
     )

@@ -62,10 +62,6 @@ class Drafts(NamedTuple):
     q_at: torch.Tensor
     p_at: torch.Tensor
 
-    def bonus_only(self) -> VerifyResult:
-        """The result of a step without drafts (``k = 0``): the bonus token alone."""
-        return VerifyResult(self.bonus.unsqueeze(-1), torch.zeros_like(self.bonus))
-
 
 def gather_drafts(
     target_probs: torch.Tensor,
@@ -137,18 +133,17 @@ def check_rule_inputs(
 class ReferenceRule(PaddedRule):
     """A padded chain rule of :mod:`specsample.rules`, computed from the drafts it gathers.
 
-    :meth:`verify` checks the arguments (:func:`check_rule_inputs`) and gathers the drafts
-    (:func:`gather_drafts`); a step without drafts (``k = 0``) emits its bonus token, any
-    other is verified by :meth:`verify_drafts`.
+    :meth:`verify` checks the arguments (:func:`check_rule_inputs`); a step without drafts
+    (``k = 0``) emits its bonus token, any other is verified by :meth:`verify_drafts` on the
+    drafts it gathers (:func:`gather_drafts`).
     """
 
     def verify(self, step: ChainStep) -> VerifyResult:
         """The rule's result on ``step``."""
         check_rule_inputs(*step)
-        drafts = gather_drafts(*step[:4])
         if step.target_probs.shape[1] == 0:
-            return drafts.bonus_only()
-        return self.verify_drafts(step, drafts)
+            return step.bonus_only()
+        return self.verify_drafts(step, gather_drafts(*step[:4]))
 
     @abstractmethod
     def verify_drafts(self, step: ChainStep, drafts: Drafts) -> VerifyResult:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specsample.checks import check_step_uniforms, check_uniform_values
+from specsample.checks import check_int, check_step_uniforms, check_uniform_values
 from specsample.random import Seeding, Stream, stripe
 from specsample.rules.tree.structure import check_bound
 from specsample.seeding import check_position_values, check_seeding, positions_from
@@ -132,10 +132,7 @@ def traversal_uniforms(
     """
     if not isinstance(seeding, Seeding):
         raise TypeError(f"seeding must be a Seeding, got {type(seeding).__name__}")
-    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int):
-        raise TypeError(f"num_nodes must be an int, got {type(num_nodes).__name__}")
-    if not 1 <= num_nodes <= TREE_STRIDE:
-        raise ValueError(f"num_nodes must lie in [1, TREE_STRIDE = {TREE_STRIDE}], got {num_nodes}")
+    check_int("num_nodes", num_nodes, 1, TREE_STRIDE)
     counters = stripe(positions, seeding.batch, num_nodes, TREE_STRIDE, device)
     return seeding.draw(device, [(Stream.TRAVERSAL, counters)])
 
