@@ -435,9 +435,7 @@ class SamplingMetadata:
                     filters[name] = None
                     continue
             tensor = _device_values(values, given[name], batch, device, dtype)
-            filters[name] = torch.where(
-                greedy, torch.tensor(off, dtype=dtype, device=device), tensor
-            )
+            filters[name] = tensor.masked_fill(greedy, off)
         known_k = host["top_k"]
         max_top_k = None
         if filters["top_k"] is None:
