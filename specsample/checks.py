@@ -305,6 +305,21 @@ def check_int(name: str, value: object, minimum: int, maximum: int | None = None
     return value
 
 
+def check_bound(name: str, value: int | None) -> None:
+    """Refuse a loop bound that is neither ``None`` nor a non-negative int.
+
+    Examples
+    --------
+    >>> check_bound("max_depth", None); check_bound("max_depth", 3)
+    >>> check_bound("max_depth", -1)
+    Traceback (most recent call last):
+    ...
+    ValueError: max_depth must be >= 0, got -1
+    """
+    if value is not None:
+        check_int(name, value, 0)
+
+
 def check_backend(backend: object, allowed: tuple[str, ...]) -> str:
     """Refuse a backend name that is not a string (which of ``allowed`` it is, is checked on use).
 

@@ -249,6 +249,17 @@ def _drafting(drafting: object, method: str | None = None) -> TreeDrafting:
     raise ValueError(f"drafting must be one of {allowed}, got {drafting!r}")
 
 
+def check_drafting(drafting: object) -> Drafting:
+    """``drafting`` if it names a tree drafting mode, else raise naming the argument.
+
+    Examples
+    --------
+    >>> check_drafting("without_replacement")
+    'without_replacement'
+    """
+    return cast(Drafting, _drafting(drafting).name)
+
+
 def tree_method(drafting: str, method: str | None = None) -> TreeMethod:
     """The top-down verification rule for a drafting mode, refusing biased combinations.
 

@@ -31,9 +31,9 @@ from typing import NamedTuple
 
 import torch
 
-from specsample.checks import check_int, require_tensor
+from specsample.checks import check_bound, require_tensor
 from specsample.metadata import SamplingMetadata, Scalars
-from specsample.methods import tree_draftings
+from specsample.methods import check_drafting
 from specsample.random import Seeding
 from specsample.seeding import positions_from, seeding_from
 
@@ -217,9 +217,6 @@ class DraftTree(NamedTuple):
             ``>= 0`` (the message names it).
         """
         require_tensor("parents", parents)
-        if not isinstance(drafting, str) or drafting not in tree_draftings():
-            raise ValueError(f"drafting must be one of {tree_draftings()}, got {drafting!r}")
-        for name, bound in (("max_depth", max_depth), ("max_children", max_children)):
-            if bound is not None:
-                check_int(name, bound, 0)
-        return DraftTree(parents, drafting, max_depth, max_children)
+        check_bound("max_depth", max_depth)
+        check_bound("max_children", max_children)
+        return DraftTree(parents, check_drafting(drafting), max_depth, max_children)

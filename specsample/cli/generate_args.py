@@ -30,7 +30,14 @@ from specsample.cli.args import add_seed_and_plot_arguments, add_threads_argumen
 from specsample.generate.inputs import MAX_NEW_TOKENS
 from specsample.generate.loop import MAX_K
 from specsample.generate.tree import TreeShape
-from specsample.methods import MAX_STEP_TREE_NODES, chain_methods, tree_draftings, tree_methods
+from specsample.methods import (
+    MAX_STEP_TREE_NODES,
+    METHODS,
+    TREE_DRAFTINGS,
+    chain_methods,
+    tree_draftings,
+    tree_methods,
+)
 
 MAX_BATCH_SIZE = 1024
 """Most copies of the prompt (or, with ``--input``, sequences at once) ``--batch-size`` may
@@ -140,7 +147,10 @@ def _add_drafting_arguments(parser: argparse.ArgumentParser) -> None:
         default=exact[0],
         help=f"verification rule: {' or '.join(exact)} (exact), {', '.join(lossy)} (LOSSY: the "
         "output does not follow the target's distribution); with --tree, one of "
-        f"{', '.join(TREE_RULES)} (default: the rule --tree-drafting calls for)",
+        f"{', '.join(TREE_RULES)} (default: the rule --tree-drafting calls for). "
+        + "; ".join(
+            f"{name}: {METHODS[name].summary}" for name in (*chain_methods(lossy=True), *TREE_RULES)
+        ),
     )
     parser.add_argument(
         "--tree",
@@ -158,8 +168,10 @@ def _add_drafting_arguments(parser: argparse.ArgumentParser) -> None:
         "--tree-drafting",
         choices=tree_draftings(),
         default=tree_draftings()[0],
-        help=f"with --tree: how children are drawn (default {tree_draftings()[0]}; temperature 0 "
-        "always takes the draft's most likely tokens)",
+        help="with --tree: how children are drawn: "
+        + "; ".join(f"{d.name}, {d.summary}" for d in TREE_DRAFTINGS.values())
+        + f" (default {tree_draftings()[0]}; temperature 0 always takes the draft's most likely "
+        "tokens)",
     )
 
 

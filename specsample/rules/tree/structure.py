@@ -12,14 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specsample.checks import check_int, require_data, require_tensor
+from specsample.checks import check_bound, require_data, require_tensor
 from specsample.shared import TreeVerifyResult
-
-
-def check_bound(name: str, value: int | None) -> None:
-    """Refuse a loop bound that is neither ``None`` nor a non-negative int."""
-    if value is not None:
-        check_int(name, value, 0)
 
 
 def _is_child(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

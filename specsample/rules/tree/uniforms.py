@@ -20,9 +20,8 @@ from collections.abc import Sequence
 
 import torch
 
-from specsample.checks import check_int, check_step_uniforms, check_uniform_values
+from specsample.checks import check_bound, check_int, check_step_uniforms, check_uniform_values
 from specsample.random import Seeding, Stream, stripe
-from specsample.rules.tree.structure import check_bound
 from specsample.seeding import check_position_values, check_seeding, positions_from
 
 TREE_STRIDE = 1 << 20
