@@ -358,6 +358,19 @@ def _seeds(seeds: object, prompts: object) -> Seeds | None:
     return cast("Seeds | None", seeds)
 
 
+_DECODER_OPTIONS = ("k", "method", "adaptive", "tree", "memory")
+"""The keyword options of :func:`speculative_generate` that configure the :class:`Decoder`."""
+
+_GENERATE_OPTIONS = ("max_new_tokens", "eos_token_id", "max_batch_size")
+"""The keyword options that :meth:`Decoder.generate` takes as they are."""
+
+
+def _taken(options: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """The ``options`` among ``names``, removed from ``options``: what was not given keeps
+    the default of the function it goes to."""
+    return {name: options.pop(name) for name in names if name in options}
+
+
 def _call(decoder: Decoder, prompts: Any, options: CallOptions, name: str) -> GenerationOutput:
     """``decoder.generate`` with the flat keyword ``options`` of the wrapper ``name``
     gathered into objects (any other keyword is refused)."""
@@ -377,14 +390,8 @@ def _call(decoder: Decoder, prompts: Any, options: CallOptions, name: str) -> Ge
         on_progress=options.get("on_progress"),
         on_finish=options.get("on_finish"),
     )
-    return decoder.generate(
-        prompts,
-        sampling,
-        max_new_tokens=options.get("max_new_tokens", 64),
-        eos_token_id=options.get("eos_token_id"),
-        max_batch_size=options.get("max_batch_size"),
-        callbacks=callbacks,
-    )
+    limits = _taken(cast("dict[str, Any]", options), _GENERATE_OPTIONS)
+    return decoder.generate(prompts, sampling, callbacks=callbacks, **limits)
 
 
 def speculative_generate(
@@ -434,15 +441,8 @@ def speculative_generate(
         As :class:`Decoder` and :meth:`Decoder.generate` (the message names the argument);
         ``TypeError`` for an unknown keyword.
     """
-    decoder = Decoder(
-        target,
-        drafter,
-        k=options.pop("k", 4),
-        method=options.pop("method", "chain"),
-        adaptive=options.pop("adaptive", True),
-        tree=options.pop("tree", None),
-        memory=options.pop("memory", None),
-    )
+    given = cast("dict[str, Any]", options)
+    decoder = Decoder(target, drafter, **_taken(given, _DECODER_OPTIONS))
     return _call(decoder, prompts, options, "speculative_generate")
 
 
