@@ -203,15 +203,10 @@ def test_the_cache_appends_in_place_and_computes_what_a_concatenating_cache_does
     the cache); the logits equal those of a forward without a cache."""
     transformers = pytest.importorskip("transformers")
     from specsample.adapter import CachedLM
+    from tests.tiny_llama import llama_config
 
-    config = transformers.LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
+    config = llama_config(
+        2, vocab_size=32, hidden_size=16, intermediate_size=32, max_position_embeddings=64
     )
     torch.manual_seed(0)
     target = transformers.LlamaForCausalLM(config).double().eval()
