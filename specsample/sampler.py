@@ -1,15 +1,17 @@
 """The ``nn.Module`` facades: drop-ins for serving engines' speculative samplers.
 
 :class:`RejectionSampler` (exact) and :class:`TypicalAcceptanceSampler` (LOSSY) take the
-arguments vLLM passes to its own samplers, in every convention it has used::
+same arguments, in every form vLLM has passed them to its own samplers::
 
-    sampler(target_probs [B, k, V] or target_with_bonus_probs [B, k + 1, V],
-            bonus_token_ids [B, 1], draft_probs [B, k, V], draft_token_ids [B, k],
+    sampler(target_with_bonus_probs [B, k + 1, V] (or [B, k, V]), bonus_token_ids [B, 1],
+            draft_probs [B, k, V], draft_token_ids [B, k],
             seeded_seqs: dict[int, torch.Generator] | None)
 
-and return ``[B, k + 1]`` int64 (accepted drafts, one more token, then ``-1``), keeping the
-same counters (``num_accepted_tokens``, ``num_emitted_tokens``, ``num_draft_tokens``), which
-count only drafts accepted in order.
+positionally or by keyword; the target may also be passed as ``target_probs=`` (vLLM's
+earlier keyword), never under both names (see :func:`target_argument`). They return
+``[B, k + 1]`` int64 (accepted drafts, one more token, then ``-1``), keeping the same
+counters (``num_accepted_tokens``, ``num_emitted_tokens``, ``num_draft_tokens``), which count
+only drafts accepted in order.
 """
 
 from __future__ import annotations
@@ -41,22 +43,71 @@ from specsample.seeding import check_position_values, positions_from, seeding_fr
 from specsample.stats import VerificationStats
 
 
-def draft_positions(target: object, draft_probs: object) -> torch.Tensor:
+def target_argument(
+    target_with_bonus_probs: object, target_probs: object, name: str
+) -> tuple[str, torch.Tensor]:
+    """The target probabilities, given under either of their names, and the name to report.
+
+    ``target_with_bonus_probs`` is the samplers' first parameter (given positionally or by
+    keyword); ``target_probs`` the keyword vLLM used before. Exactly one must be given.
+
+    Parameters
+    ----------
+    target_with_bonus_probs : torch.Tensor or None
+        ``[batch, k + 1, vocab]`` or ``[batch, k, vocab]`` target probabilities, or ``None``.
+    target_probs : torch.Tensor or None
+        The same, under its earlier name, or ``None``.
+    name : str
+        The name the messages give ``target_with_bonus_probs``; ``target_probs`` is reported
+        as ``"target_probs"``.
+
+    Returns
+    -------
+    tuple of (str, torch.Tensor)
+        The name to report and the target tensor.
+
+    Raises
+    ------
+    TypeError
+        Both or neither are given, or the one given is not a tensor.
+
+    Examples
+    --------
+    >>> target_argument(None, torch.zeros(1, 2, 3), "target_with_bonus_probs")[0]
+    'target_probs'
+    >>> target_argument(torch.zeros(1, 2, 3), torch.zeros(1, 2, 3), "target_probs")
+    Traceback (most recent call last):
+    ...
+    TypeError: forward() got both target_with_bonus_probs and target_probs; pass one of them
+    """
+    if target_with_bonus_probs is not None and target_probs is not None:
+        raise TypeError(
+            "forward() got both target_with_bonus_probs and target_probs; pass one of them"
+        )
+    if target_probs is not None:
+        return "target_probs", require_tensor("target_probs", target_probs)
+    if target_with_bonus_probs is None:
+        raise TypeError(
+            "forward() missing the target probabilities: pass target_with_bonus_probs "
+            "(or target_probs)"
+        )
+    return name, require_tensor(name, target_with_bonus_probs)
+
+
+def draft_positions(target: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
     """The target rows at the draft positions: ``target[:, :k]`` when it has the bonus row.
 
-    ``target`` may be ``[batch, k, vocab]`` or ``[batch, k + 1, vocab]`` (the later vLLM
-    convention, ``target_with_bonus_probs``), ``draft_probs`` being ``[batch, k, vocab]``;
-    the bonus row is never read (the bonus token is given). Returns a view, never a copy.
+    ``target`` may be ``[batch, k, vocab]`` or ``[batch, k + 1, vocab]`` (the bonus position
+    last), ``draft_probs`` being ``[batch, k, vocab]``; the bonus row is never read (the bonus
+    token is given). Returns a view, never a copy.
 
     Examples
     --------
     >>> draft_positions(torch.zeros(2, 4, 5), torch.zeros(2, 3, 5)).shape
     torch.Size([2, 3, 5])
     """
-    target = require_tensor("target_probs", target)
     if (
-        isinstance(draft_probs, torch.Tensor)
-        and target.dim() == 3
+        target.dim() == 3
         and draft_probs.dim() == 3
         and target.shape[1] == draft_probs.shape[1] + 1
         and (target.shape[0], target.shape[2]) == (draft_probs.shape[0], draft_probs.shape[2])
@@ -103,10 +154,10 @@ class _SpecSampler(nn.Module):
 class RejectionSampler(_SpecSampler):
     """Speculative (rejection) sampling of ``k`` drafts per sequence, exact and sync-free.
 
-    A drop-in for the ``RejectionSampler`` of serving engines: same ``forward`` arguments
-    (see the module docstring), same output, same counter names; but counters count only
-    drafts accepted in order, work on any device with no set-up call, the residual is
-    sampled from exactly ``normalize(max(0, q - p))`` (no clamp) at the first rejected
+    A drop-in for the ``RejectionSampler`` of serving engines: same ``forward`` arguments in
+    every form (see the module docstring), same output, same counter names; but counters
+    count only drafts accepted in order, work on any device with no set-up call, the residual
+    is sampled from exactly ``normalize(max(0, q - p))`` (no clamp) at the first rejected
     position only, and no ``[batch, k, vocab]`` temporary is formed.
 
     Parameters
@@ -151,12 +202,13 @@ class RejectionSampler(_SpecSampler):
 
     def forward(
         self,
-        target_probs: torch.Tensor,
-        bonus_token_ids: torch.Tensor,
-        draft_probs: torch.Tensor,
-        draft_token_ids: torch.Tensor,
+        target_with_bonus_probs: torch.Tensor | None = None,
+        bonus_token_ids: torch.Tensor | None = None,
+        draft_probs: torch.Tensor | None = None,
+        draft_token_ids: torch.Tensor | None = None,
         seeded_seqs: Mapping[int, torch.Generator] | None = None,
         *,
+        target_probs: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
         seeds: torch.Tensor | Sequence[int | None] | None = None,
         positions: torch.Tensor | Sequence[int] | None = None,
@@ -164,23 +216,30 @@ class RejectionSampler(_SpecSampler):
     ) -> torch.Tensor:
         """Accept a prefix of each sequence's drafts and emit one more token.
 
+        The tensors may be given positionally or by keyword, in this order; messages name
+        the target ``target_probs`` whichever name it was given under.
+
         Parameters
         ----------
-        target_probs : torch.Tensor
-            ``[batch, k, vocab]`` target probabilities ``q`` at each draft position
-            (float32, float16, bfloat16 or float64), or ``[batch, k + 1, vocab]`` with the
-            bonus position last (its row is not read).
+        target_with_bonus_probs : torch.Tensor
+            ``[batch, k + 1, vocab]`` target probabilities ``q`` (float32, float16, bfloat16
+            or float64) at each draft position, then at the bonus position (that row is not
+            read); or ``[batch, k, vocab]``, the draft positions only. Required, under this
+            name or as ``target_probs``.
         bonus_token_ids : torch.Tensor
             ``[batch, 1]`` (or ``[batch]``) int64 token sampled from the target's row after
-            the last draft; emitted when every draft is accepted.
+            the last draft; emitted when every draft is accepted. Required.
         draft_probs : torch.Tensor
             ``[batch, k, vocab]`` the draft distributions ``p`` the drafts were sampled
-            from, same dtype as ``target_probs``.
+            from, same dtype as the target. Required.
         draft_token_ids : torch.Tensor
-            ``[batch, k]`` int64 drafted tokens, ``k <= 255``.
+            ``[batch, k]`` int64 drafted tokens, ``k <= 255``. Required.
         seeded_seqs : dict of int to torch.Generator, optional
             Row ``i`` draws all its random numbers from ``seeded_seqs[i]``; its output does
             not depend on the other rows.
+        target_probs : torch.Tensor, optional
+            The target under vLLM's earlier keyword (``[batch, k, vocab]`` or
+            ``[batch, k + 1, vocab]``), instead of ``target_with_bonus_probs``.
         generator : torch.Generator, optional
             Source of randomness for the other unseeded rows (torch's default generator
             otherwise); only those rows consume it.
@@ -203,15 +262,27 @@ class RejectionSampler(_SpecSampler):
         torch.Tensor
             ``[batch, k + 1]`` int64: accepted drafts, then the residual token at the first
             rejection (or the bonus token if all ``k`` were accepted), then ``-1``.
+
+        Raises
+        ------
+        TypeError
+            The target is given under both names or under neither, or an argument has the
+            wrong type or dtype.
+        ValueError
+            An argument has the wrong shape or device (or, in strict mode, values).
         """
-        target_probs = draft_positions(target_probs, draft_probs)
-        check_chain_inputs(target_probs, bonus_token_ids, draft_probs, draft_token_ids)
-        batch, k, _ = target_probs.shape
+        name, target = target_argument(target_with_bonus_probs, target_probs, "target_probs")
+        bonus = require_tensor("bonus_token_ids", bonus_token_ids)
+        draft = require_tensor("draft_probs", draft_probs)
+        ids = require_tensor("draft_token_ids", draft_token_ids)
+        target = draft_positions(target, draft)
+        check_chain_inputs(target, bonus, draft, ids, target_name=name)
+        batch, k, _ = target.shape
         if k >= STEP_STRIDE:
             raise ValueError(
                 f"draft_token_ids: a row may have at most {STEP_STRIDE - 1} drafts, got {k}"
             )
-        device = target_probs.device
+        device = target.device
         seeding = seeding_from(
             batch,
             device,
@@ -222,18 +293,18 @@ class RejectionSampler(_SpecSampler):
         )
         at = positions_from(positions, batch, device)
         if self.strict_mode:
-            require_data("target_probs", target_probs)
-            check_chain_values(target_probs, bonus_token_ids, draft_probs, draft_token_ids)
+            require_data(name, target)
+            check_chain_values(target, bonus, draft, ids, target_name=name)
             check_position_values(at)
             if uniforms is not None:
                 check_uniform_values(check_step_uniforms(uniforms, batch, k + 1, device))
         result = pipeline.run_probs(
-            target_probs,
-            draft_probs,
-            draft_token_ids,
-            bonus_token_ids,
+            target,
+            draft,
+            ids,
+            bonus,
             seeding,
-            backend=backends.resolve(self.backend, target_probs),
+            backend=backends.resolve(self.backend, target),
             method=self.method,
             positions=at,
             uniforms=uniforms,
@@ -281,53 +352,70 @@ class TypicalAcceptanceSampler(_SpecSampler):
 
     def forward(
         self,
-        target_with_bonus_probs: torch.Tensor,
-        bonus_token_ids: torch.Tensor,
+        target_with_bonus_probs: torch.Tensor | None = None,
+        bonus_token_ids: torch.Tensor | None = None,
         draft_probs: torch.Tensor | None = None,
         draft_token_ids: torch.Tensor | None = None,
         seeded_seqs: Mapping[int, torch.Generator] | None = None,
+        *,
+        target_probs: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Accept drafts by the typical rule; deterministic (``seeded_seqs`` is not used).
+
+        The same arguments as :meth:`RejectionSampler.forward`, positionally or by keyword.
 
         Parameters
         ----------
         target_with_bonus_probs : torch.Tensor
             ``[batch, k + 1, vocab]`` (or ``[batch, k, vocab]``) target probabilities.
+            Required, under this name or as ``target_probs``.
         bonus_token_ids : torch.Tensor
-            ``[batch, 1]`` int64, emitted when every draft passes.
+            ``[batch, 1]`` int64, emitted when every draft passes. Required.
         draft_probs : torch.Tensor, optional
             ``[batch, k, vocab]``; not read by this rule (checked when given).
         draft_token_ids : torch.Tensor
-            ``[batch, k]`` int64 drafts.
+            ``[batch, k]`` int64 drafts. Required.
         seeded_seqs : dict, optional
             Accepted for interface compatibility; the rule uses no randomness.
+        target_probs : torch.Tensor, optional
+            The target under vLLM's earlier keyword, instead of ``target_with_bonus_probs``.
 
         Returns
         -------
         torch.Tensor
             ``[batch, k + 1]`` int64: accepted drafts, one more token, then ``-1``.
+
+        Raises
+        ------
+        TypeError
+            Target under both names or neither; a non-tensor or a wrong dtype.
+        ValueError
+            ``draft_token_ids`` not ``[batch, k]`` beside the target, other shapes or devices
+            that do not match, or (strict mode) invalid values.
         """
         ids = require_tensor("draft_token_ids", draft_token_ids)
-        target = require_tensor("target_with_bonus_probs", target_with_bonus_probs)
+        name, target = target_argument(
+            target_with_bonus_probs, target_probs, "target_with_bonus_probs"
+        )
+        bonus = require_tensor("bonus_token_ids", bonus_token_ids)
         if target.dim() == 3 and (ids.dim() != 2 or target.shape[1] - ids.shape[1] not in (0, 1)):
             raise ValueError(
-                "draft_token_ids must have shape [batch, k] with target_with_bonus_probs "
+                f"draft_token_ids must have shape [batch, k] with {name} "
                 f"[batch, k + 1, vocab] (or [batch, k, vocab]) of shape {tuple(target.shape)}, "
                 f"got {tuple(ids.shape)}"
             )
         rows = (
             target[:, :-1] if target.dim() == 3 and target.shape[1] == ids.shape[-1] + 1 else target
         )
-        name = "target_with_bonus_probs"
         draft = rows if draft_probs is None else draft_probs
-        check_chain_inputs(rows, bonus_token_ids, draft, ids, target_name=name)
+        check_chain_inputs(rows, bonus, draft, ids, target_name=name)
         if self.strict_mode:
             require_data(name, rows)
-            check_chain_values(rows, bonus_token_ids, draft_probs, ids, target_name=name)
+            check_chain_values(rows, bonus, draft_probs, ids, target_name=name)
         result = typical_acceptance(
             rows,
             ids,
-            bonus_token_ids=bonus_token_ids,
+            bonus_token_ids=bonus,
             posterior_threshold=self.posterior_threshold,
             posterior_alpha=self.posterior_alpha,
         )

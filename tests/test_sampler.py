@@ -1,8 +1,10 @@
 """Deterministic behaviour of the chain verifier and of :class:`RejectionSampler`.
 
-Covers :mod:`specsample.sampler` and the chain rule it runs: :mod:`specsample.rules.chain`,
-the residual draw :mod:`specsample.rules.residual` and the row helpers
-:mod:`specsample.rules.rows` (their statistical exactness is in ``tests/test_exactness.py``).
+Covers :mod:`specsample.sampler` (its helpers included: the target given under either
+name, the bonus row dropped) and the chain rule it runs: :mod:`specsample.rules.chain`, the
+residual draw :mod:`specsample.rules.residual` and the row helpers :mod:`specsample.rules.rows`
+(their statistical exactness is in ``tests/test_exactness.py``; the call forms of vLLM v0's
+worker in ``tests/conformance/test_vllm_v0_worker_calls.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import torch
 from specsample.rules.chain import chain_verify
 from specsample.rules.residual import sample_residual, sample_rows
 from specsample.rules.rows import ProbRows
-from specsample.sampler import RejectionSampler
+from specsample.sampler import RejectionSampler, draft_positions, target_argument
 from specsample.testing import draw_inputs, make_family
 
 LARGEST_BELOW_ONE = 1.0 - 2.0**-53
@@ -512,3 +514,39 @@ def test_torch_compile_composes() -> None:
     out = module(target, bonus, draft, ids, seeds=seeds)
     assert torch.equal(out, RejectionSampler()(target, bonus, draft, ids, seeds=seeds))
     assert int(sampler.num_emitted_tokens) == int((out != -1).sum())
+
+
+# ----------------------------------------------------------------------------------------
+# The target argument under its two names
+# ----------------------------------------------------------------------------------------
+
+
+def test_target_argument_takes_either_name() -> None:
+    target = torch.full((2, 3, 4), 0.25)
+    name, got = target_argument(target, None, "target_with_bonus_probs")
+    assert name == "target_with_bonus_probs" and got is target
+    name, got = target_argument(None, target, "target_with_bonus_probs")
+    assert name == "target_probs" and got is target
+
+
+@pytest.mark.parametrize(
+    ("given", "match"),
+    [
+        ((None, None), r"missing the target probabilities: pass target_with_bonus_probs \(or"),
+        ((torch.ones(1, 1, 2), torch.ones(1, 1, 2)), "got both target_with_bonus_probs and"),
+        (([[[1.0]]], None), "first_name must be a torch.Tensor, got list"),
+        ((None, [[[1.0]]]), "target_probs must be a torch.Tensor, got list"),
+    ],
+)
+def test_target_argument_errors_name_the_arguments(
+    given: tuple[object, object], match: str
+) -> None:
+    with pytest.raises(TypeError, match=match):
+        target_argument(*given, "first_name")
+
+
+def test_draft_positions_drops_only_the_bonus_row() -> None:
+    target = torch.rand(2, 4, 5)
+    assert torch.equal(draft_positions(target, torch.zeros(2, 3, 5)), target[:, :3])
+    assert draft_positions(target, torch.zeros(2, 4, 5)) is target
+    assert draft_positions(target, torch.zeros(2, 3, 6)) is target
