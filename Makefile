@@ -6,13 +6,27 @@ STAMP := $(VENV)/.installed
 
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo exactness test test-fast lint bench bench-generate clean
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_VERSION := 0.33.0
+
+.PHONY: demo exactness test test-fast test-vllm lint bench bench-generate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "torch==2.13.0"
 	$(PY) -m pip install --quiet -e ".[test,dev,hf,plot,triton]"
 	touch $(STAMP)
+
+# vLLM on the CPU torch: its Python dependencies, then vLLM itself without its GPU ones.
+$(VLLM_STAMP): pyproject.toml scripts/vllm-cpu-requirements.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet "torch==2.13.0"
+	$(VLLM_PY) -m pip install --quiet -r scripts/vllm-cpu-requirements.txt
+	$(VLLM_PY) -m pip install --quiet -e ".[test,triton]"
+	$(VLLM_PY) -m pip install --quiet --no-deps "vllm==$(VLLM_VERSION)" "xgrammar==0.2.8" "llguidance>=1.7,<1.8"
+	touch $(VLLM_STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/specsample generate "def parse(text):" --compare
@@ -30,6 +44,12 @@ test: lint
 test-fast: lint
 	$(PY) -m pytest -n 2 --dist worksteal -m "not slow"
 
+# The vLLM contract tests; then vLLM's own sampler beside ours, its Triton kernels run by
+# Triton's interpreter (an empty CUDA_VISIBLE_DEVICES keeps Triton on in vLLM without a GPU).
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m pytest -n 2 --dist worksteal tests/vllm_integration specsample/integrations
+	CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 $(VLLM_PY) -m pytest tests/vllm_integration/test_against_vllm.py
+
 bench: $(STAMP)
 	$(PY) benchmarks/bench_sampler.py
 
@@ -37,4 +57,4 @@ bench-generate: $(STAMP)
 	$(PY) benchmarks/bench_generate.py --threads 1
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

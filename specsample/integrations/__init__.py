@@ -1,0 +1,6 @@
+"""Integrations with serving engines, each in its own package.
+
+The core of specsample never imports from here: an integration is a client of the public
+API (:func:`specsample.verify`) that speaks an engine's types. Each subpackage needs its
+engine installed (``pip install "specsample[vllm]"`` for :mod:`specsample.integrations.vllm`).
+"""
