@@ -5,7 +5,7 @@
 # Usage: benchmarks/gpu_check.sh [VENV_DIR | PYTHON] [gpu_check.py options...]
 #   The interpreter defaults to $PYTHON, then ./.venv/bin/python, then python3.
 #   Environment: CPU_TIMEOUT, GPU_TIMEOUT (seconds, default 270 each; both parts run side by
-#   side), REQUIRE_GPU=1 (exit 3 when no GPU is visible instead of 0).
+#   side), VLLM_TIMEOUT (default 300, the vLLM end-to-end step, after them), REQUIRE_GPU=1 (exit 3 when no GPU is visible instead of 0).
 # Exit status: 0 all run parts passed, 1 a part failed, 2 set-up error, 3 GPU required but absent.
 set -euo pipefail
 
@@ -70,10 +70,24 @@ else
   cpu_status="FAILED (exit $cpu_rc$(timed_out "$cpu_rc"))"
 fi
 
+vllm_status="SKIPPED (no GPU)"
+if [[ -n "$gpu" ]]; then
+  echo
+  echo "== vLLM end to end (benchmarks/vllm_e2e.py): n-gram speculation with and without the plugin"
+  vllm_rc=0
+  timeout "${VLLM_TIMEOUT:-300}" "$python" benchmarks/vllm_e2e.py || vllm_rc=$?
+  case $vllm_rc in
+    0) vllm_status="PASSED" ;;
+    2) vllm_status="SKIPPED (vLLM not installed for $python)" ;;
+    *) vllm_status="FAILED (exit $vllm_rc$(timed_out "$vllm_rc"))"; gpu_rc=1 ;;
+  esac
+fi
+
 echo
 echo "== summary"
 echo "   CPU interpreter tests: $cpu_status"
 echo "   GPU checks:            $gpu_status"
+echo "   vLLM end to end:       $vllm_status"
 if [[ $cpu_rc -ne 0 || $gpu_rc -ne 0 ]]; then
   exit 1
 fi
