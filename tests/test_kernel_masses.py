@@ -13,7 +13,7 @@ float16 when ``p < q * 2^-12``), which biases the residual towards tokens the dr
 proposes. The rows below have many such tokens, and the test first checks that rounding to
 the inputs' dtype would change their masses.
 
-Bit-for-bit equality needs the float32 sums of a block to be exact, as the kernel and the
+Bit-for-bit equality needs the float64 sums of a block to be exact, as the kernel and the
 rule add in different orders: every probability is 0 or a bfloat16 value of at least
 ``2^-12`` (so a multiple of ``2^-19``, held exactly by every dtype tested), every weight is
 1, 1/2 or 1/4 (the drafts' ``q / p`` are 1/2 or 1) and every block's mass stays below 1, so
@@ -169,7 +169,7 @@ def test_chain_masses_equal_the_rule(dtype: torch.dtype, vocab: int) -> None:
     q, p, ids, bonus, uniforms = _case(dtype, vocab, seed=vocab + 1)
     expected = _chain_masses(q, p, ids, bonus, uniforms)
     masses = kernel_block_masses(q, p, ids, bonus, uniforms, "chain")
-    assert masses.dtype == torch.float32
+    assert masses.dtype == torch.float64
     assert masses.shape == (2, BATCH, 1, -(-vocab // BLOCK))
     assert torch.equal(masses, expected)
     drawn = (expected != 0).flatten(2).any(dim=-1).any(dim=0)

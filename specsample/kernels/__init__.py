@@ -22,8 +22,8 @@ Entry points:
   drafts, both rules).
 
 For tests, :func:`specsample.kernels.padded.kernel_block_masses` runs the first launch alone
-and returns the block masses the draw reads, computed as the rule computes them (in float32,
-or float64 for float64 probabilities; never in half precision).
+and returns the block masses the draw reads, computed as the rule computes them (terms in
+float32, or float64 for float64 probabilities, never in half precision; sums in float64).
 
 :func:`available` says whether the kernels can serve CUDA tensors here (triton installed and a
 GPU present); :func:`supports` whether they can run on a given tensor, which includes CPU

@@ -4,7 +4,7 @@ One kernel, :func:`_step_kernel`, launched once or twice per step; its ``PHASE``
 work:
 
 * ``PHASE=0``, grid ``(request tiles, positions, vocabulary splits)``: the per-block target
-  and residual masses of the rows the draw may read, into a float32 scratch
+  and residual masses of the rows the draw may read, into a float64 scratch
   (:func:`specsample.kernels._residual._store_masses`);
 * ``PHASE=1``, grid ``(request tiles,)``: the accept test, greedy matching, block
   verification's accepted length, then the residual draw
@@ -103,7 +103,7 @@ if triton is not None:
     ):
         """``Z_i`` of positions ``1 .. n - 1``, ``[R, K1]`` float64, for a one-block vocabulary.
 
-        As the rule: the float32 block mass of ``max(w_i q_i - p_i, 0)``, taken to float64.
+        As the rule: the float64 block mass of ``max(w_i q_i - p_i, 0)``.
         """
         j, tok, valid, _, _ = drafts
         cols = tl.arange(0, COLS).to(tl.int64)
@@ -153,7 +153,7 @@ if triton is not None:
         WIDE: tl.constexpr,
         FUSED: tl.constexpr,
     ):
-        """Target and residual block masses of the drawn rows, each ``[R, NB_PAD]`` float32.
+        """Target and residual block masses of the drawn rows, each ``[R, NB_PAD]`` float64.
 
         Computed here for a one-block vocabulary (``FUSED``), else read at position ``slot``
         of the scratch written by the masses kernel.

@@ -4,21 +4,22 @@
   (grid ``(request tiles, positions, vocabulary splits)``): for the row a request's draw reads
   (chain rule) or for every draft position (block rule), the per-block target mass ``sum q``
   and residual mass ``sum max(w q - p, 0)`` over blocks of :data:`BLOCK` columns, written to a
-  ``[batch, positions, 2, blocks]`` float32 scratch;
+  ``[batch, positions, 2, blocks]`` float64 scratch;
 * :func:`_draw`, called by its verify phase: the hierarchical
   inverse-CDF draw (block, 32-token part, token) from the masses and one segment of
   :data:`BLOCK` columns.
 
 The arithmetic is that of :mod:`specsample.rules.residual`, operation by operation, so that
-the block masses are the rule's bit for bit (up to the order of the float32 sums):
+the block masses are the rule's bit for bit (up to the order of the float64 sums):
 
 * block masses (:func:`_block_terms`): ``w q - p`` rounded once, as the rule's ``torch.sub``
   (``w = 1``) and ``torch.addcmul`` (a fused multiply-add) round it, in the dtype the rule
   computes in: float32, whatever the dtype of the probabilities (float16 and bfloat16 are
   widened first, never rounded back), and float64 for float64 target probabilities
-  (``WIDE``); the terms are clamped at 0, taken to float32 and summed per block in float32;
+  (``WIDE``, where the target terms are float64 too); the terms are clamped at 0 and summed
+  per block in float64;
 * within-block draw: float32 as the rule's segments, ``max(w q - p, 0)`` rounded once as
-  for the masses (the rule's ``torch.addcmul``), float64 prefix sums.
+  for the masses (the rule's ``torch.addcmul``), float64 sums and prefix sums.
 
 The selected rows are passed as ``(target row, draft row, read, w, keep, excluded)``, each
 ``[R]`` (see :func:`specsample.kernels._common._draw_row`).
@@ -101,7 +102,8 @@ if triton is not None:
         DRAFT: tl.constexpr,
         WIDE: tl.constexpr,
     ):
-        """``q`` and the residual ``[R, C]`` (float32), zero where ``mask`` is off.
+        """``q`` and the residual ``[R, C]``, zero where ``mask`` is off: float32, or float64
+        for ``WIDE`` rows (float64 target probabilities with dense draft probabilities).
 
         Dense draft: ``max(w q - p, 0)`` where ``keep``, else ``q``, rounded once
         (:func:`_block_terms`, as the masses and the draw of the rule both compute it);
@@ -109,12 +111,14 @@ if triton is not None:
         """
         t_row, d_row, read, w, keep, excluded = rows
         q, q_raw = _target_rows(target, t_row, read, cols, mask, TARGET_LOGITS)
+        if WIDE:
+            q = q_raw.to(tl.float64)
         if DRAFT == 0:
             r = tl.where(cols == excluded[:, None], 0.0, q)
         else:
             p, p_raw = _draft_rows(draft, d_row, read & keep, cols, mask & keep[:, None], DRAFT)
             d = _block_terms(q, q_raw, p, p_raw, w, WIDE)
-            r = tl.where(keep[:, None], tl.where(d < 0.0, 0.0, d).to(tl.float32), q)
+            r = tl.where(keep[:, None], tl.where(d < 0.0, 0.0, d).to(q.dtype), q)
         return q, r
 
     @triton.jit
@@ -131,10 +135,11 @@ if triton is not None:
         DRAFT: tl.constexpr,
         WIDE: tl.constexpr,
     ):
-        """Per-block ``sum q`` and residual mass of a tile of ``NT`` blocks, each ``[R, NT]``."""
+        """Per-block ``sum q`` and residual mass of a tile of ``NT`` blocks, each ``[R, NT]``
+        float64."""
         q, r = _residual(target, draft, rows, cols, mask, TARGET_LOGITS, DRAFT, WIDE)
-        target_mass = tl.sum(tl.reshape(q, (R, NT, COLS)), axis=2)
-        residual_mass = tl.sum(tl.reshape(r, (R, NT, COLS)), axis=2)
+        target_mass = tl.sum(tl.reshape(q.to(tl.float64), (R, NT, COLS)), axis=2)
+        residual_mass = tl.sum(tl.reshape(r.to(tl.float64), (R, NT, COLS)), axis=2)
         return target_mass, residual_mass
 
     @triton.jit
@@ -228,7 +233,7 @@ if triton is not None:
             q, r = _residual(target, draft, rows, cols, mask, TARGET_LOGITS, DRAFT, False)
             r = tl.reshape(tl.where(use_target[:, None], q, r), (R, PARTS, PART))
             parts = tl.arange(0, PARTS)
-            part, u = _pick(tl.sum(r, axis=2).to(tl.float64), parts, PARTS, u)
+            part, u = _pick(tl.sum(r.to(tl.float64), axis=2), parts, PARTS, u)
             inner = tl.sum(tl.where(parts[None, :, None] == part[:, None, None], r, 0.0), axis=1)
             offset, _ = _pick(inner.to(tl.float64), tl.arange(0, PART), PART, u)
             token = start + part * PART + offset

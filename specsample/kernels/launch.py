@@ -294,7 +294,7 @@ def _launch(step: _Step) -> tuple[torch.Tensor, torch.Tensor]:
     config = _config(device, step.batch, step.vocab, step.k, step.positions)
     separate = step.uniforms is not None and not config.fused
     size = step.batch * step.positions * 2 * config.n_blocks if separate else 0
-    masses = torch.empty(size, dtype=torch.float32, device=device)
+    masses = torch.empty(size, dtype=torch.float64, device=device)
     args = _arguments(step, config, masses, token_ids, num_accepted)
     constants = _constants(step, config)
     kernel = _kernel()
@@ -306,11 +306,11 @@ def _launch(step: _Step) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _launch_masses(step: _Step) -> torch.Tensor:
-    """The masses phase alone: ``[batch, positions, 2, blocks]`` float32, 0 where unwritten."""
+    """The masses phase alone: ``[batch, positions, 2, blocks]`` float64, 0 where unwritten."""
     device = step.target.device
     config = _config(device, step.batch, step.vocab, step.k, step.positions)
     shape = (step.batch, step.positions, 2, config.n_blocks)
-    masses = torch.zeros(shape, dtype=torch.float32, device=device)
+    masses = torch.zeros(shape, dtype=torch.float64, device=device)
     if masses.numel() == 0 or step.uniforms is None:
         return masses
     unset = torch.empty(1, dtype=torch.int64, device=device)

@@ -156,8 +156,8 @@ def kernel_block_masses(
     """The block masses the kernel draws the residual from, by its masses phase alone.
 
     The kernel computes them as :mod:`specsample.rules.residual` does, operation by
-    operation, so that they equal the rule's float32 values (exactly wherever each block's
-    float32 sum is exact, as its order of summation may differ). The rows are those the rule
+    operation, so that they equal the rule's float64 values (exactly wherever each block's
+    float64 sum is exact, as its order of summation may differ). The rows are those the rule
     reads: for ``method="chain"`` the row at each sequence's first rejected position, as
     :func:`specsample.rules.residual.block_masses` of the rows
     :func:`specsample.rules.chain.chain_verify` selects; for ``"block"`` every draft row
@@ -201,7 +201,7 @@ def kernel_block_masses(
     >>> masses
     tensor([[[1.0000]],
     <BLANKLINE>
-            [[0.2500]]])
+            [[0.2500]]], dtype=torch.float64)
     """
     rule = _rule_id(check_method(method, KERNEL_METHODS))
     step = _padded_step(
@@ -210,5 +210,5 @@ def kernel_block_masses(
     if step is None:
         batch, _, vocab = target_probs.shape
         shape = (2, batch, 1 - rule, -(-vocab // BLOCK))
-        return torch.zeros(shape, dtype=torch.float32, device=target_probs.device)
+        return torch.zeros(shape, dtype=torch.float64, device=target_probs.device)
     return _launch_masses(step).permute(2, 0, 1, 3)

@@ -13,6 +13,12 @@ over a hierarchy of cells so that no ``[batch, vocab]`` prefix sum is ever forme
    32-token part of it, then a token, each from a float64 prefix sum of
    ``max(0, q - p)`` over the chosen cell alone.
 
+Every sum is accumulated in float64 (the terms themselves are float32, or float64 for
+float64 rows). Backends add in different orders; in float64 the sums they reach differ by
+about ``1e-16`` relative, so they draw the same token unless a uniform falls that close to a
+cell boundary. (In float32, sums added in another order shift the finer levels of the
+hierarchy enough to change about one draw in 30,000.)
+
 The draft side may be dense rows (probabilities), a one-hot draft (a drafter without
 probabilities: ``p = delta_x``, so the residual is ``q`` with ``x`` removed), or absent
 (the bonus position: the draw is from ``q`` itself).
@@ -49,7 +55,8 @@ def block_masses(
     draft: Selection | None = None,
     target_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Per-block ``sum q`` and (for a dense draft) ``sum max(w q - p, 0)``, ``[2, rows, blocks]``.
+    """Per-block ``sum q`` and (for a dense draft) ``sum max(w q - p, 0)``, ``[2, rows, blocks]``
+    float64.
 
     Parameters
     ----------
@@ -74,7 +81,7 @@ def block_masses(
     >>> block_masses(q, 2, draft=p)
     tensor([[[1.0000]],
     <BLANKLINE>
-            [[0.2500]]])
+            [[0.2500]]], dtype=torch.float64)
     """
     batch = target.rows.shape[0]
     scale = target_scale.unsqueeze(-1) if target_scale is not None else None
@@ -84,8 +91,8 @@ def block_masses(
         w = t if scale is None else t * scale
         r = (w - draft.chunk(0, vocab)).clamp(min=0.0) if draft is not None else torch.zeros_like(t)
         padded = torch.nn.functional.pad(torch.stack([t, r]), (0, -vocab % BLOCK))
-        return padded.view(2, batch, -1, BLOCK).sum(dim=-1, dtype=torch.float32)
-    masses = torch.zeros(2, batch, -(-vocab // BLOCK), dtype=torch.float32, device=device)
+        return padded.view(2, batch, -1, BLOCK).sum(dim=-1, dtype=torch.float64)
+    masses = torch.zeros(2, batch, -(-vocab // BLOCK), dtype=torch.float64, device=device)
     sums = masses if draft is not None else masses[:1]
     width = min(_chunk_width(batch, vocab, device), vocab)
     parts = sums.shape[0]
@@ -103,10 +110,10 @@ def block_masses(
         full, first = (stop - start) // BLOCK, start // BLOCK
         if full:
             blocks = chunk[:, :, : full * BLOCK].view(chunk.shape[0], batch, full, BLOCK)
-            torch.sum(blocks, dim=-1, dtype=torch.float32, out=sums[:, :, first : first + full])
+            torch.sum(blocks, dim=-1, dtype=torch.float64, out=sums[:, :, first : first + full])
         if (stop - start) % BLOCK:
             tail = chunk[:, :, full * BLOCK :]
-            sums[:, :, first + full] = tail.sum(dim=-1, dtype=torch.float32)
+            sums[:, :, first + full] = tail.sum(dim=-1, dtype=torch.float64)
     return masses
 
 
@@ -192,7 +199,9 @@ def sample_residual(
         token = draft_token.to(torch.int64)
         excluded = torch.where((token >= 0) & (token < vocab), token, -1).unsqueeze(-1)
         q, _, token_ids = _block_segment(target, token.clamp(0, vocab - 1) // BLOCK, vocab)
-        without = q.masked_fill_(token_ids == excluded, 0.0).sum(dim=-1, keepdim=True)
+        without = q.masked_fill_(token_ids == excluded, 0.0).sum(
+            dim=-1, keepdim=True, dtype=torch.float64
+        )
         own_block = (token.clamp(0, vocab - 1) // BLOCK).unsqueeze(-1)
         residual_mass = torch.where(
             excluded >= 0, residual_mass.scatter(1, own_block, without), residual_mass
@@ -219,7 +228,7 @@ def sample_residual(
     offset = torch.zeros_like(start)
     if residual.shape[-1] == BLOCK:
         parts = residual.view(-1, _SUB, BLOCK // _SUB)
-        sub, u = inverse_cdf(parts.sum(dim=-1), u)
+        sub, u = inverse_cdf(parts.sum(dim=-1, dtype=torch.float64), u)
         residual = parts.gather(1, sub.view(-1, 1, 1).expand(-1, 1, BLOCK // _SUB)).squeeze(1)
         offset = sub * (BLOCK // _SUB)
     token_in, _ = inverse_cdf(residual, u)
