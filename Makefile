@@ -16,7 +16,7 @@ VLLM_VERSION := 0.33.0
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[test,dev,hf,plot,triton]"
+	$(PY) -m pip install --quiet -e ".[test,dev,hf,plot,triton,cpu]"
 	touch $(STAMP)
 
 # vLLM on the CPU torch: its Python dependencies, then vLLM itself without its GPU ones.

@@ -30,6 +30,7 @@ def test_run_benchmark_returns_the_documented_keys() -> None:
     assert len(rows) == 1
     row = rows[0]
     expected = {"batch", "k", "vocab", "alpha", "others", "speedup", "ours_over_floor"}
+    expected |= {"torch_over_floor"}
     expected |= {"hf_over_ours", "device", "dtype", "threads", "repeats", "slow_repeats"}
     expected |= {"flush_mib", "notes"}
     expected |= {f"{name}_{unit}" for name in bench.CONTESTANTS for unit in ("ms", "mem")}
@@ -40,6 +41,7 @@ def test_run_benchmark_returns_the_documented_keys() -> None:
         assert isinstance(row[f"{name}_mem"], float) and row[f"{name}_mem"] >= 0
     assert row["speedup"] == pytest.approx(row["naive_ms"] / row["ours_ms"])
     assert row["ours_over_floor"] == pytest.approx(row["ours_ms"] / row["floor_ms"])
+    assert row["torch_over_floor"] == pytest.approx(row["torch_ms"] / row["floor_ms"])
     assert 0.0 < row["alpha"] <= 1.0
     assert row["device"] == "cpu" and row["repeats"] == 2 and row["flush_mib"] == 1.0
     assert row["hf_ms"] is None or row["hf_ms"] > 0

@@ -4,7 +4,10 @@ out what it runs.
 * ``"torch"`` (:mod:`specsample.backends.eager`): plain PyTorch, any device; the reference.
 * ``"triton"`` (:mod:`specsample.backends.triton`): fused Triton kernels, on CUDA tensors (or
   on CPU tensors under ``TRITON_INTERPRET=1``).
-* ``"auto"``: Triton on CUDA tensors when it is installed, PyTorch otherwise.
+* ``"cpu"`` (:mod:`specsample.backends.cpu`): fused numba kernels on CPU tensors (needs
+  numba, the ``cpu`` extra).
+* ``"auto"``: Triton on CUDA tensors when it is installed, the fused CPU backend on CPU
+  tensors when numba is installed, PyTorch otherwise.
 
 A backend is a :class:`Backend`: one function per kind of step (a chain or block step on
 flattened logits, a rule on ``[batch, k, vocab]`` probabilities, a typical-acceptance step, a
@@ -12,15 +15,16 @@ tree step) and the log-probabilities of emitted tokens. Every entry point reache
 :mod:`specsample.pipeline` and :func:`get`, so a kernel takes over a kind of step by filling
 its slot here. The Triton backend has kernels for the chain and block steps; its typical,
 tree and log-probability slots run the PyTorch code (:mod:`~specsample.backends.lossy`,
-:mod:`~specsample.backends.trees`) until kernels exist for them.
+:mod:`~specsample.backends.trees`) until kernels exist for them. The CPU backend has a kernel
+for the chain rule on probabilities; its other slots run the PyTorch code.
 
 Given the same uniforms, every backend returns the same tokens.
 
 Examples
 --------
 >>> import torch
->>> resolve("auto", torch.zeros(1))
-'torch'
+>>> resolve("auto", torch.zeros(1)) in ("cpu", "torch")
+True
 >>> get("torch").tree.__name__
 'verify_tree'
 """
@@ -33,10 +37,11 @@ from typing import NamedTuple
 import torch
 
 from specsample import kernels
-from specsample.backends import eager, lossy, trees, triton
+from specsample.backends import cpu, eager, lossy, trees, triton
+from specsample.native import jit
 from specsample.shared import TreeVerifyResult, VerifyResult
 
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "triton", "cpu")
 """The names :func:`resolve` accepts."""
 
 
@@ -76,11 +81,14 @@ _BACKENDS = {
     "triton": Backend(
         triton.verify_logits, triton.prob_rule, lossy.verify_typical, trees.verify_tree, eager.log_q
     ),
+    "cpu": Backend(
+        eager.verify_logits, cpu.prob_rule, lossy.verify_typical, trees.verify_tree, eager.log_q
+    ),
 }
 
 
 def resolve(backend: object, tensor: torch.Tensor) -> str:
-    """The concrete backend (``"torch"`` or ``"triton"``) for a step on ``tensor``.
+    """The concrete backend (``"torch"``, ``"triton"`` or ``"cpu"``) for a step on ``tensor``.
 
     Raises
     ------
@@ -91,7 +99,14 @@ def resolve(backend: object, tensor: torch.Tensor) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        return "triton" if tensor.is_cuda and kernels.available() else "torch"
+        if tensor.is_cuda and kernels.available():
+            return "triton"
+        return "cpu" if tensor.device.type == "cpu" and jit.available() else "torch"
+    if backend == "cpu" and not (tensor.device.type == "cpu" and jit.available()):
+        raise ValueError(
+            f"backend='cpu' cannot run on {tensor.device} tensors here: it needs numba "
+            "(pip install 'specsample[cpu]') and CPU tensors"
+        )
     if backend == "triton" and not kernels.supports(tensor):
         raise ValueError(
             f"backend='triton' cannot run on {tensor.device} tensors here: it needs triton "
@@ -101,5 +116,6 @@ def resolve(backend: object, tensor: torch.Tensor) -> str:
 
 
 def get(backend: str) -> Backend:
-    """The steps of a concrete backend (``"torch"`` or ``"triton"``, see :func:`resolve`)."""
+    """The steps of a concrete backend (``"torch"``, ``"triton"`` or ``"cpu"``, see
+    :func:`resolve`)."""
     return _BACKENDS[backend]

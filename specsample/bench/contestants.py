@@ -1,4 +1,5 @@
-"""The timed contestants: ours, the naive reference, transformers and the memory-read floor."""
+"""The timed contestants: ours (its default backend, and its PyTorch backend), the naive
+reference, transformers and the memory-read floor."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from specsample.bench.inputs import BenchInputs
 from specsample.sampler import RejectionSampler
 from specsample.testing.reference import naive_rejection_sample
 
-CONTESTANTS = ("ours", "naive", "hf", "floor")
-"""Names of the timed contestants."""
+CONTESTANTS = ("ours", "torch", "naive", "hf", "floor")
+"""Names of the timed contestants: ``ours`` is :class:`RejectionSampler` with its default
+backend (``"auto"``: the fused CPU backend on CPU tensors when numba is installed, Triton on
+CUDA), ``torch`` the same sampler on its PyTorch backend."""
 
 SLOW = ("naive", "hf")
 """Contestants timed ``slow_repeats`` times rather than ``repeats`` times."""
@@ -89,9 +92,10 @@ def _contestant_calls(
     """One call per name of :data:`CONTESTANTS` on ``inputs`` (``None``: it cannot run)."""
     target, bonus, draft, ids, _ = inputs
     gen = torch.Generator(device=target.device).manual_seed(seed)
-    sampler = RejectionSampler()
+    sampler, eager = RejectionSampler(), RejectionSampler(backend="torch")
     return {
         "ours": lambda: sampler(target, bonus, draft, ids, generator=gen),
+        "torch": lambda: eager(target, bonus, draft, ids, generator=gen),
         "naive": lambda: naive_rejection_sample(target, bonus, draft, ids, generator=gen),
         "hf": _transformers_call(hf, inputs) if hf is not None else None,
         "floor": lambda: (target[:, 0].sum(-1), draft[:, 0].sum(-1)),

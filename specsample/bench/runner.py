@@ -17,6 +17,7 @@ from specsample.bench.contestants import (
 from specsample.bench.inputs import DEFAULT_SHAPES, Shape, check_shape, make_inputs
 from specsample.bench.measure import Flusher, cache_flush_bytes, profile_calls
 from specsample.checks import check_int
+from specsample.native import jit
 from specsample.stats import expected_acceptance
 from specsample.timing import Stopwatch
 
@@ -62,6 +63,7 @@ def _measure_shape(shape: Shape, setup: _Setup, seed: int) -> dict[str, Any]:
         row[f"{name}_mem"] = profile.memory.get(name)
     row["speedup"] = _ratio(row["naive_ms"], row["ours_ms"])
     row["ours_over_floor"] = _ratio(row["ours_ms"], row["floor_ms"])
+    row["torch_over_floor"] = _ratio(row["torch_ms"], row["floor_ms"])
     row["hf_over_ours"] = _ratio(row["hf_ms"], row["ours_ms"])
     return row
 
@@ -139,7 +141,7 @@ def run_benchmark(
     shapes : sequence of (batch, k, vocab)
         Shapes to run, each on freshly generated inputs (see :func:`make_inputs`).
     repeats : int
-        Cold calls timed for ``ours`` and ``floor`` (the median is reported).
+        Cold calls timed for ``ours``, ``torch`` and ``floor`` (the median is reported).
     slow_repeats : int
         Cold calls timed for ``naive`` and ``hf``.
     device : str or torch.device
@@ -163,7 +165,8 @@ def run_benchmark(
         probability per position), ``{name}_ms`` (median milliseconds, ``None`` when the
         contestant did not run) and ``{name}_mem`` (extra peak memory in units of one
         ``[batch, k, vocab]`` tensor) for ``name`` in :data:`CONTESTANTS`, the ratios
-        ``speedup`` (naive / ours), ``ours_over_floor`` and ``hf_over_ours`` (``None`` when
+        ``speedup`` (naive / ours), ``ours_over_floor``, ``torch_over_floor`` and
+        ``hf_over_ours`` (``None`` when
         a side is missing), ``others`` (share of the machine's CPU time that other processes
         used during the timed calls, ``None`` where unknown), and the methodology:
         ``device``, ``dtype``, ``threads``, ``repeats``, ``slow_repeats``, ``flush_mib`` and
@@ -195,6 +198,7 @@ def run_benchmark(
     if threads is not None:
         torch.set_num_threads(threads)
     try:
+        jit.warm_up(wait=True)
         flush = Flusher(device, nbytes)
         hf, hf_note = _find_transformers_sampler()
         setup = _Setup(repeats, slow_repeats, device, dtype, flush, hf, hf_note)

@@ -15,15 +15,18 @@ _COLUMNS: tuple[tuple[str, str, int, int, str], ...] = (
     ("others", "others", 6, 0, "%"),
     ("|", "", 0, 0, ""),
     ("ours ms", "ours_ms", 8, 3, ""),
+    ("torch ms", "torch_ms", 8, 3, ""),
     ("floor ms", "floor_ms", 8, 3, ""),
     ("naive ms", "naive_ms", 9, 2, ""),
     ("hf ms", "hf_ms", 8, 2, ""),
     ("|", "", 0, 0, ""),
     ("naive/ours", "speedup", 10, 1, "x"),
     ("ours/floor", "ours_over_floor", 10, 2, "x"),
+    ("torch/floor", "torch_over_floor", 11, 2, "x"),
     ("hf/ours", "hf_over_ours", 8, 1, "x"),
     ("|", "", 0, 0, ""),
     ("mem ours", "ours_mem", 8, 3, ""),
+    ("torch", "torch_mem", 6, 3, ""),
     ("naive", "naive_mem", 6, 2, ""),
     ("hf", "hf_mem", 6, 2, ""),
     ("floor", "floor_mem", 6, 3, ""),
@@ -52,6 +55,8 @@ def _header(first: dict[str, Any]) -> list[str]:
         "rows, drafts sampled from the draft rows.",
         "alpha = mean acceptance probability per position. floor = one read of the target and "
         "draft rows at one position per sequence.",
+        "ours = RejectionSampler() on its default backend (the fused CPU kernel on CPU tensors "
+        "when numba is installed); torch = the same on backend='torch'.",
         "others = share of the CPUs used by other processes during the timed calls; above a few "
         "% they slow multi-threaded calls.",
         "mem = extra peak memory during one call, in units of one [batch, k, vocab] probs tensor.",

@@ -1,0 +1,10 @@
+"""Fused CPU kernels, compiled by numba: the kernels of the ``"cpu"`` backend.
+
+* :mod:`~specsample.native.jit`: compilation into the user's cache, on a background thread
+  (no call waits for it: until it is done, the backend runs the PyTorch code);
+* :mod:`~specsample.native.chain`: the chain rule on ``[batch, k, vocab]`` probabilities in
+  one pass per sequence.
+
+The kernels take NumPy views of the tensors (no copy) and compute what the rules of
+:mod:`specsample.rules` compute, with the same arithmetic.
+"""

@@ -1,0 +1,142 @@
+"""The chain rule on ``[batch, k, vocab]`` probabilities as one fused pass per sequence.
+
+:func:`chain_rule` computes what :data:`specsample.rules.chain.chain_verify` computes, with the
+same arithmetic (see :mod:`specsample.rules.residual`): the accept tests in float64, the
+residual terms ``max(q - p, 0)`` in the rows' precision (float32, or float64 for float64
+rows) and every sum in float64, the segment of the chosen block in float32, and the same
+inverse-CDF cell rule at each level. For each sequence it reads the ``q(x)`` and ``p(x)`` of
+its drafts until the first rejection, then the two rows at that position once (per-block
+masses), then one block of them again (the draw); sequences run in parallel, and nothing of
+size ``[batch, k, vocab]`` or ``[batch, vocab]`` is allocated.
+
+Sums in another order than PyTorch's differ by about ``1e-16`` relative, so both draw the
+same token unless a uniform falls that close to a cell boundary.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specsample.native.jit import njit, prange
+from specsample.shared import BLOCK
+
+SUB = 32
+"""Tokens per part of a block (the middle level of the hierarchy)."""
+
+
+@njit(inline="always")
+def search(cum: np.ndarray, value: float, right: bool) -> int:
+    """``torch.searchsorted(cum, value, right=right)``, by the same binary search (so NaN and
+    infinities land where PyTorch puts them)."""
+    start, end = 0, cum.shape[0]
+    while start < end:
+        mid = start + ((end - start) >> 1)
+        if not (cum[mid] > value if right else cum[mid] >= value):
+            start = mid + 1
+        else:
+            end = mid
+    return start
+
+
+@njit(inline="always")
+def inverse_cdf(weights: np.ndarray, u: float) -> tuple[int, float]:
+    """The cell ``weights`` (non-negative) gives ``u``, and ``u`` rescaled inside it.
+
+    As :func:`specsample.random.inverse_cdf`: float64 prefix sums added in order, the first
+    cell whose prefix sum exceeds ``u * total`` but never past the last cell of positive
+    weight, and ``(x - low) / (high - low)`` clamped to ``[0, 1]`` (0 when undefined).
+    """
+    n = weights.shape[0]
+    cum = np.zeros(n + 1)
+    for i in range(n):
+        cum[i + 1] = cum[i] + np.float64(weights[i])
+    total = cum[n]
+    x = u * total
+    cell = min(search(cum, x, True), search(cum, total, False)) - 1
+    cell = min(max(cell, 0), n - 1)
+    inside = (x - cum[cell]) / (cum[cell + 1] - cum[cell])
+    if np.isnan(inside):
+        inside = 0.0
+    return cell, min(max(inside, 0.0), 1.0)
+
+
+@njit(fastmath={"reassoc"})
+def block_sums(q: np.ndarray, p: np.ndarray) -> tuple[float, float]:
+    """``sum q`` and ``sum max(q - p, 0)`` of one block (``q``, ``p``: its columns), float64.
+
+    Each term is rounded as the rule rounds it (``q - p`` in the rows' precision, NaN kept as
+    ``torch.clamp`` keeps it); only the order of the float64 additions is left to the
+    compiler (``reassoc``), which vectorises them.
+    """
+    target = 0.0
+    residual = 0.0
+    for i in range(q.shape[0]):
+        d = q[i] - p[i]
+        target += np.float64(q[i])
+        residual += np.float64(d) if not d < 0 else 0.0
+    return target, residual
+
+
+@njit(inline="always")
+def draw_residual(q: np.ndarray, p: np.ndarray, u: float) -> int:
+    """One token from ``normalize(max(q - p, 0))`` (or ``q`` when that has no mass)."""
+    vocab = q.shape[0]
+    masses = np.empty((2, (vocab + BLOCK - 1) // BLOCK))
+    for block in range(masses.shape[1]):
+        start = block * BLOCK
+        stop = min(start + BLOCK, vocab)
+        masses[0, block], masses[1, block] = block_sums(q[start:stop], p[start:stop])
+    use_target = not masses[1].sum() > 0.0
+    block, u = inverse_cdf(masses[0] if use_target else masses[1], u)
+    width = min(BLOCK, vocab)
+    first = block * BLOCK
+    start = min(first, vocab - width)
+    segment = np.zeros(width, np.float32)
+    for i in range(max(first - start, 0), width):
+        q_i = np.float32(q[start + i])
+        d = q_i - np.float32(p[start + i])
+        segment[i] = q_i if use_target else (d if not d < 0 else np.float32(0.0))
+    offset = 0
+    if width == BLOCK:
+        parts = np.zeros(SUB)
+        for i in range(BLOCK):
+            parts[i // (BLOCK // SUB)] += np.float64(segment[i])
+        part, u = inverse_cdf(parts, u)
+        offset = part * (BLOCK // SUB)
+        segment = segment[offset : offset + BLOCK // SUB]
+    token, _ = inverse_cdf(segment, u)
+    return min(max(start + offset + token, 0), vocab - 1)
+
+
+@njit(parallel=True)
+def chain_rule(
+    target: np.ndarray,
+    draft: np.ndarray,
+    ids: np.ndarray,
+    bonus: np.ndarray,
+    uniforms: np.ndarray,
+    token_ids: np.ndarray,
+    num_accepted: np.ndarray,
+) -> None:
+    """Verify ``[batch, k]`` drafts into ``token_ids [batch, k + 1]`` and ``num_accepted``.
+
+    ``target`` and ``draft`` are ``[batch, k, vocab]`` probabilities (any strides), ``ids``
+    int64 drafts, ``bonus`` ``[batch]`` int64, ``uniforms`` ``[batch, k + 1]`` float64.
+    """
+    batch, k, vocab = target.shape
+    for b in prange(batch):
+        n = 0
+        while n < k:
+            x = ids[b, n]
+            if x < 0 or x >= vocab:
+                break
+            if not uniforms[b, n] * np.float64(draft[b, n, x]) < np.float64(target[b, n, x]):
+                break
+            n += 1
+        for j in range(k + 1):
+            token_ids[b, j] = ids[b, j] if j < n else -1
+        num_accepted[b] = n
+        if n == k:
+            token_ids[b, k] = bonus[b]
+        else:
+            token_ids[b, n] = draw_residual(target[b, n], draft[b, n], uniforms[b, k])

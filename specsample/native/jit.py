@@ -1,0 +1,130 @@
+"""numba, compiled once per machine into the user's cache, and never waited for.
+
+:func:`njit` compiles a function with numba on first use and caches the machine code in
+:func:`cache_dir` (``$SPECSAMPLE_CACHE_DIR``, else ``$XDG_CACHE_HOME/specsample/numba``, else
+``~/.cache/specsample/numba``): never inside the installed package. :func:`warm_up` compiles
+(or loads from that cache) every kernel on a background thread; until it has finished,
+:func:`ready` is ``False`` and the backend runs the PyTorch code instead, which gives the same
+tokens. So no call waits for a compilation, the first one after installation included.
+
+Without numba installed, :func:`available` is ``False`` and :func:`njit` returns the
+function unchanged (it is then never called).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+_NUMBA = importlib.util.find_spec("numba") is not None
+_done = threading.Event()
+_compiled = threading.Event()
+_started = threading.Lock()
+_warmers: list[Callable[[], None]] = []
+_thread: list[threading.Thread] = []
+
+
+def available() -> bool:
+    """Whether numba is installed (the fused CPU backend can run here).
+
+    Examples
+    --------
+    >>> isinstance(available(), bool)
+    True
+    """
+    return _NUMBA
+
+
+def cache_dir() -> Path:
+    """Where the compiled kernels are cached: writable by the user, outside the package.
+
+    Examples
+    --------
+    >>> cache_dir().name
+    'numba'
+    """
+    explicit = os.environ.get("SPECSAMPLE_CACHE_DIR")
+    if explicit:
+        return Path(explicit) / "numba"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "specsample" / "numba"
+
+
+def njit(function: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """``numba.njit(cache=True, nogil=True, **options)`` caching into :func:`cache_dir`.
+
+    Usable bare (``@njit``) or with options (``@njit(parallel=True)``). numba reads its
+    cache directory when a function is decorated, so it is set for that moment only.
+    """
+    if function is None:
+        return lambda f: njit(f, **options)
+    if not _NUMBA:
+        return function
+    import numba
+
+    previous = getattr(numba.config, "CACHE_DIR", "")
+    setattr(numba.config, "CACHE_DIR", str(cache_dir()))  # noqa: B010
+    try:
+        return numba.njit(cache=True, nogil=True, **options)(function)
+    finally:
+        setattr(numba.config, "CACHE_DIR", previous)  # noqa: B010
+
+
+if _NUMBA:
+    from numba import prange
+else:
+    prange = range  # type: ignore[misc]
+"""``numba.prange`` (a parallel loop inside :func:`njit` functions), ``range`` without numba."""
+
+
+def on_warm_up(warmer: Callable[[], None]) -> Callable[[], None]:
+    """Register ``warmer`` (a call of kernels on tiny inputs) to run in :func:`warm_up`."""
+    _warmers.append(warmer)
+    return warmer
+
+
+def _warm_all() -> None:
+    try:
+        for warmer in _warmers:
+            warmer()
+        _compiled.set()
+    except Exception as error:  # a failed compilation leaves the PyTorch code in charge
+        warnings.warn(
+            f"specsample: the fused CPU kernels did not compile ({error}); using PyTorch",
+            RuntimeWarning,
+            stacklevel=1,
+        )
+    finally:
+        _done.set()
+
+
+def warm_up(*, wait: bool = False) -> None:
+    """Compile (or load) every kernel on a background thread, once; ``wait`` joins it."""
+    with _started:
+        if not _thread:
+            _thread.append(threading.Thread(target=_warm_all, name="specsample-jit", daemon=True))
+            _thread[0].start()
+    if wait:
+        _thread[0].join()
+
+
+def ready() -> bool:
+    """Whether the kernels are compiled; the first call starts :func:`warm_up`.
+
+    Examples
+    --------
+    >>> warm_up(wait=True)
+    >>> ready() == available()
+    True
+    """
+    if not _NUMBA:
+        return False
+    if _done.is_set():
+        return _compiled.is_set()
+    warm_up()
+    return False
