@@ -57,9 +57,10 @@ def _real(name: str, value: object) -> float | int:
 def _host_values(
     name: str, value: Scalars, batch: int, default: float, device: torch.device
 ) -> list[float] | None:
-    """``value`` as one number per request, or ``None`` for a tensor on ``device``."""
+    """``value`` as one number per request, one number for all (a list of one, broadcast:
+    nothing then depends on the batch size), or ``None`` for a tensor on ``device``."""
     if value is None:
-        return [default] * batch
+        return [default] if batch else []
     if isinstance(value, torch.Tensor):
         if value.dtype == torch.bool or value.is_complex():
             raise TypeError(f"{name} must be a real tensor, got {value.dtype}")
@@ -71,7 +72,9 @@ def _host_values(
             )
         if not _placed(name, value, device):
             return None
-        return list(value.expand(batch).tolist())
+        if value.dim() == 0:
+            return [value.item()] if batch else []
+        return list(value.tolist())
     if isinstance(value, str | bytes) or not isinstance(value, numbers.Real | Sequence):
         raise TypeError(
             f"{name} must be a number, a sequence or a tensor, got {type(value).__name__}"
@@ -79,11 +82,19 @@ def _host_values(
     if not isinstance(value, Sequence):
         scalar = _real(name, value)
         _validate(name, [scalar])
-        return [scalar] * batch
+        return [scalar] if batch else []
     values = [_real(name, v) for v in value]
     if len(values) != batch:
         raise ValueError(f"{name} must have one value per request ({batch}), got {len(values)}")
     return values
+
+
+def _pairs(values: list[float], temps: list[float]) -> list[tuple[float, float]]:
+    """Each request's (value, temperature), a list of one standing for every request."""
+    if not values or not temps:
+        return []
+    n = max(len(values), len(temps))
+    return list(zip(values * (n // len(values)), temps * (n // len(temps)), strict=True))
 
 
 def _as_float(value: float) -> float:
@@ -128,7 +139,7 @@ def _device_values(
     if values is not None:
         if dtype == torch.int64:
             values = [int(v) for v in values]
-        return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+        return torch.tensor(values, dtype=dtype).to(device, non_blocking=True).expand(batch)
     if not isinstance(given, torch.Tensor):
         raise TypeError("expected a tensor")
     return given.to(device=device, dtype=dtype).expand(batch)
@@ -207,6 +218,12 @@ def _host_counts(counts: object) -> list[int]:
     return [int(n) for n in counts]
 
 
+def _traced(total_drafts: int | None, max_drafts: int | None) -> bool:
+    """Whether host counts are to be taken as device counts: under :func:`torch.compile`,
+    with their sum and maximum given, so that reading them breaks no graph."""
+    return torch.compiler.is_compiling() and total_drafts is not None and max_drafts is not None
+
+
 @dataclass(frozen=True)
 class BatchLayout:
     """The ragged layout of a flattened batch.
@@ -259,7 +276,8 @@ class BatchLayout:
             ``[batch]`` drafts per request: host ints, an integer CPU tensor, or an integer
             tensor on the batch's device (then ``total_drafts`` and ``max_drafts`` are
             required, as reading them would synchronise). A tensor on any other device is
-            refused.
+            refused. Under :func:`torch.compile`, a CPU tensor given with ``total_drafts``
+            and ``max_drafts`` is used as a device tensor (its values are not read).
         device : torch.device
             The batch's device.
         total_drafts, max_drafts : int, optional
@@ -280,6 +298,8 @@ class BatchLayout:
         check_max_drafts(max_drafts)
         if isinstance(num_draft_tokens, torch.Tensor):
             counts_tensor = _counts_tensor(num_draft_tokens, device)
+            if counts_tensor is None and _traced(total_drafts, max_drafts):
+                counts_tensor = num_draft_tokens
             if counts_tensor is not None:
                 return BatchLayout._from_device(
                     counts_tensor, device, total_drafts, max_drafts, bonus_rows
@@ -323,9 +343,9 @@ class BatchLayout:
         start = counts.cumsum(0) - counts
         target_start = start + torch.arange(counts.shape[0], device=device) if bonus_rows else start
         return BatchLayout(
-            batch=int(counts.shape[0]),
-            total_drafts=int(total_drafts),
-            max_drafts=int(max_drafts),
+            batch=counts.shape[0],
+            total_drafts=total_drafts,
+            max_drafts=max_drafts,
             bonus_rows=bonus_rows,
             num_drafts=counts,
             draft_start=start,
@@ -428,9 +448,7 @@ class SamplingMetadata:
                 filters[name] = None
                 continue
             if values is not None and temps is not None:
-                values = [
-                    off if s < GREEDY_BELOW else v for v, s in zip(values, temps, strict=True)
-                ]
+                values = [off if s < GREEDY_BELOW else v for v, s in _pairs(values, temps)]
                 if all(v == off for v in values):
                     filters[name] = None
                     continue
@@ -441,9 +459,7 @@ class SamplingMetadata:
         if filters["top_k"] is None:
             max_top_k = 0
         elif known_k is not None and temps is not None:
-            max_top_k = int(
-                max(k for k, s in zip(known_k, temps, strict=True) if s >= GREEDY_BELOW)
-            )
+            max_top_k = int(max(k for k, s in _pairs(known_k, temps) if s >= GREEDY_BELOW))
         return SamplingMetadata(
             inv_temperature=inv_t,
             greedy=greedy,

@@ -87,6 +87,15 @@ def _top_p_threshold(z: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return ordered.gather(1, last).squeeze(-1)
 
 
+def _row_chunks(rows: int, vocab: int, device: torch.device) -> list[tuple[int, int]]:
+    """Row ranges small enough to stay in cache; one range under :func:`torch.compile`, where
+    a count of chunks would be a guard on the number of rows (a recompilation per total)."""
+    if torch.compiler.is_compiling():
+        return [(0, rows)]
+    step = _chunk_rows(vocab, device)
+    return [(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
 def row_stats(
     logits: torch.Tensor,
     inv_temperature: torch.Tensor,
@@ -137,9 +146,7 @@ def row_stats(
     log_norm = torch.full((rows,), math.nan, device=device)
     shift = torch.zeros(rows, device=device)
     argmax = torch.empty(rows, dtype=torch.int64, device=device)
-    step = _chunk_rows(vocab, device)
-    for start in range(0, rows, step):
-        stop = min(start + step, rows)
+    for start, stop in _row_chunks(rows, vocab, device):
         top, index = logits[start:stop].max(dim=-1)
         usable = ~torch.isnan(top) & (top > -math.inf)
         argmax[start:stop] = torch.where(usable, index, 0)

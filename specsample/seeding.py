@@ -160,8 +160,8 @@ def positions_from(
     """Validate absolute positions as ``[batch]`` int64 on ``device``.
 
     Host integers, or an int64/int32 tensor on the CPU or on ``device``, in
-    ``[0, MAX_POSITION)``; the values of a tensor on an accelerator are not read (see
-    :func:`check_position_values`).
+    ``[0, MAX_POSITION)``; the values of a tensor on an accelerator, or of any tensor under
+    :func:`torch.compile`, are not read (see :func:`check_position_values`).
 
     Examples
     --------
@@ -172,7 +172,7 @@ def positions_from(
         return None
     if isinstance(positions, torch.Tensor):
         _row_tensor("positions", positions, batch, device)
-        if positions.device.type == "cpu":
+        if positions.device.type == "cpu" and not torch.compiler.is_compiling():
             _host_ints("positions", positions.tolist(), batch, MAX_POSITION)
     else:
         host = _host_ints("positions", positions, batch, MAX_POSITION)

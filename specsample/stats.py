@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import torch
 
+MAX_LENGTHS = 256
+"""Accepted lengths the histogram holds: ``0..255``, as a step has at most 255 drafts."""
+
 
 def expected_acceptance(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
     """Acceptance probability of each draft position, ``sum_x min(q(x), p(x))``.
@@ -44,17 +47,15 @@ class VerificationStats:
     """Running totals of verification steps, kept as device tensors.
 
     The state is one histogram of accepted lengths, updated with a single scatter-add per
-    step; every count is derived from it.
+    step, and three 0-d counters; every count is derived from them. Nothing in :meth:`update`
+    depends on a host value, so a compiled sampler traces it once, whatever the batch size,
+    the draft count or the steps already recorded.
 
     Attributes
     ----------
-    steps : int
-        Sequences verified (one per row per step).
-    drafted : int
-        Draft tokens offered.
     length_histogram : torch.Tensor
-        ``[k + 1]`` int64: how many sequence-steps accepted exactly ``n`` drafts, ``n = 0..k``
-        (grows with the largest ``k`` seen).
+        ``[k + 1]`` int64: how many sequence-steps accepted exactly ``n`` drafts, ``n = 0..k``,
+        for the largest ``k`` seen (reading it copies that ``k`` to the host).
     expected_accepted : torch.Tensor
         0-d float64: sum of ``sum_x min(q, p)`` over positions recorded by
         :meth:`record_expected`.
@@ -74,44 +75,57 @@ class VerificationStats:
         self._zero(torch.device(device))
 
     def _zero(self, device: torch.device) -> None:
-        self.steps = 0
-        self.drafted = 0
         self.expected_positions = 0
-        self.length_histogram = torch.zeros(1, dtype=torch.int64, device=device)
+        self._histogram = torch.zeros(MAX_LENGTHS, dtype=torch.int64, device=device)
+        self._totals = torch.zeros(3, dtype=torch.int64, device=device)
         self.expected_accepted = torch.zeros((), dtype=torch.float64, device=device)
 
     def reset(self) -> None:
         """Zero every counter, keeping the device."""
-        self._zero(self.length_histogram.device)
+        self._zero(self._histogram.device)
 
     def to(self, device: torch.device | str) -> VerificationStats:
         """Move the counters to ``device`` (a host-to-device copy, no synchronisation)."""
-        self.length_histogram = self.length_histogram.to(device)
+        self._histogram = self._histogram.to(device)
+        self._totals = self._totals.to(device)
         self.expected_accepted = self.expected_accepted.to(device)
         return self
 
     def update(self, num_accepted: torch.Tensor, k: int) -> None:
-        """Record one step from ``num_accepted [batch]`` (int64 in ``[0, k]``)."""
-        if num_accepted.device != self.length_histogram.device:
+        """Record one step from ``num_accepted [batch]`` (int64 in ``[0, k]``, ``k < 256``)."""
+        if num_accepted.device != self._histogram.device:
             self.to(num_accepted.device)
-        if k + 1 > self.length_histogram.shape[0]:
-            grown = self.length_histogram.new_zeros(k + 1)
-            grown[: self.length_histogram.shape[0]] = self.length_histogram
-            self.length_histogram = grown
-        self.steps += num_accepted.shape[0]
-        self.drafted += num_accepted.shape[0] * k
-        self.length_histogram.scatter_add_(0, num_accepted, torch.ones_like(num_accepted))
+        batch = num_accepted.shape[0]
+        self._histogram.scatter_add_(0, num_accepted, torch.ones_like(num_accepted))
+        step = torch.stack([self._totals[0] + batch, self._totals[1] + batch * k])
+        self._totals[:2].copy_(step)
+        self._totals[2].clamp_(min=k)
+
+    @property
+    def steps(self) -> int:
+        """Sequences verified (one per row per step)."""
+        return int(self._totals[0])
+
+    @property
+    def drafted(self) -> int:
+        """Draft tokens offered."""
+        return int(self._totals[1])
+
+    @property
+    def length_histogram(self) -> torch.Tensor:
+        """``[k + 1]`` int64 counts of accepted lengths, ``k`` the largest seen."""
+        return self._histogram[: int(self._totals[2]) + 1]
 
     @property
     def accepted(self) -> torch.Tensor:
         """0-d int64 tensor: drafts accepted in order."""
-        lengths = torch.arange(self.length_histogram.shape[0], device=self.length_histogram.device)
-        return (self.length_histogram * lengths).sum()
+        lengths = torch.arange(MAX_LENGTHS, device=self._histogram.device)
+        return (self._histogram * lengths).sum()
 
     @property
     def emitted(self) -> torch.Tensor:
         """0-d int64 tensor: tokens emitted (accepted drafts plus one per sequence-step)."""
-        return self.accepted + self.steps
+        return self.accepted + self._totals[0]
 
     @property
     def accepted_per_position(self) -> torch.Tensor:

@@ -4,7 +4,9 @@ Engines compile their sampling step, and their batches change every step. Both e
 are compiled once with ``dynamic=None`` (the default: static first, then dynamic sizes
 after a shape changes) and called on four shapes: every call equals the eager output under
 the same seeds, nothing crashes, and dynamo records no graph break. The ``eager`` backend
-traces exactly what inductor would receive, at a fraction of the compile time.
+traces exactly what inductor would receive, at a fraction of the compile time. Over thirty
+calls with changing batch sizes, draft counts and row totals, a counting backend shows that
+each entry point is compiled at most twice (dynamo's own count of what it handed over).
 """
 
 from __future__ import annotations
@@ -68,6 +70,77 @@ def test_compiled_verify_follows_changing_shapes(graph_breaks: dict[str, int]) -
         expected = verify(logits, drafts, counts, temperature=1.0, seeds=seeds)
         assert torch.equal(got.token_ids, expected.token_ids), (batch, k)
         assert torch.equal(got.num_accepted, expected.num_accepted), (batch, k)
+    assert not graph_breaks
+
+
+class _CountingBackend:
+    """A dynamo backend that runs each graph as traced and counts the compilations."""
+
+    def __init__(self) -> None:
+        self.compiles = 0
+
+    def __call__(self, graph: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> object:
+        self.compiles += 1
+        return graph.forward
+
+
+def _sizes(call: int) -> tuple[int, int]:
+    """The batch size and draft count of call ``call``: both change from call to call.
+
+    Both stay at 2 or more: dynamo specialises sizes 0 and 1 by design, so a batch or a
+    draft count of 1 adds one compilation of its own.
+    """
+    return 2 + (call * 5) % 8, 2 + (call * 3) % 5
+
+
+@pytest.mark.slow
+def test_the_sampler_compiles_at_most_twice_over_thirty_changing_calls(
+    graph_breaks: dict[str, int],
+) -> None:
+    """Changing batch sizes and draft counts, seeds and CPU-tensor positions: the counters
+    stay outside the traced values, so dynamo compiles at most twice (static first, then
+    dynamic sizes), and every output equals the eager sampler's."""
+    backend = _CountingBackend()
+    compiled = torch.compile(RejectionSampler(), backend=backend)
+    eager = RejectionSampler()
+    for call in range(30):
+        batch, k = _sizes(call)
+        inputs = _probs_inputs(batch, k, 50, seed=call)
+        options = {"seeds": torch.arange(batch) + 100 * call, "positions": torch.arange(batch)}
+        assert torch.equal(compiled(*inputs, **options), eager(*inputs, **options)), call
+    assert backend.compiles <= 2
+    assert not graph_breaks
+    assert compiled.num_draft_tokens == eager.num_draft_tokens
+    assert torch.equal(compiled.num_accepted_tokens, eager.num_accepted_tokens)
+
+
+@pytest.mark.slow
+def test_verify_compiles_at_most_twice_over_thirty_changing_calls(
+    graph_breaks: dict[str, int],
+) -> None:
+    """Ragged draft counts as a CPU tensor (with their maximum), row totals, batch sizes,
+    seeds and CPU-tensor positions change every call: at most two compilations, no graph
+    break, and every output equals eager ``verify``."""
+    backend = _CountingBackend()
+    compiled = torch.compile(verify, backend=backend)
+    for call in range(30):
+        batch, k = _sizes(call)
+        generator = torch.Generator().manual_seed(call)
+        counts = torch.randint(2, k + 1, (batch,), generator=generator)
+        total = int(counts.sum())
+        logits = torch.randn(total + batch, 50, generator=generator)
+        drafts = torch.randint(0, 50, (total,), generator=generator)
+        options = {
+            "temperature": 0.8,
+            "top_k": 20,
+            "seeds": torch.arange(batch) + 100 * call,
+            "positions": torch.arange(batch) * 7,
+            "max_draft_tokens": int(counts.max()),
+        }
+        got = compiled(logits, drafts, counts, **options)
+        expected = verify(logits, drafts, counts, **options)
+        assert torch.equal(got.token_ids, expected.token_ids), call
+    assert backend.compiles <= 2
     assert not graph_breaks
 
 

@@ -315,7 +315,7 @@ def _layout(
         layout = BatchLayout.build(
             num_draft_tokens,
             target_logits.device,
-            total_drafts=int(draft_token_ids.shape[0]),
+            total_drafts=draft_token_ids.shape[0],
             max_drafts=max_draft_tokens,
             bonus_rows=bonus_token_ids is None,
         )

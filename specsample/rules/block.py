@@ -167,7 +167,7 @@ class BlockRule(ReferenceRule):
         batch_flat = batch_index.squeeze(-1)
         drawn = sample_residual(
             target.at(batch_flat, at),
-            uniforms[:, k],
+            uniforms[:, -1],
             vocab,
             draft=draft.at(batch_flat, at),
             target_scale=weights.gather(1, at.unsqueeze(-1)).squeeze(-1).to(torch.float32),

@@ -186,7 +186,7 @@ class ChainRule(ReferenceRule):
         batch_index = torch.arange(batch, device=ids.device)
         recovered = sample_residual(
             PositionRows(target_probs).at(batch_index, position),
-            uniforms[:, k],
+            uniforms[:, -1],
             vocab,
             draft=PositionRows(draft_probs).at(batch_index, position),
         )
