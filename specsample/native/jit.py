@@ -59,7 +59,8 @@ def njit(function: Callable[..., Any] | None = None, **options: Any) -> Any:
     """``numba.njit(cache=True, nogil=True, **options)`` caching into :func:`cache_dir`.
 
     Usable bare (``@njit``) or with options (``@njit(parallel=True)``). numba reads its
-    cache directory when a function is decorated, so it is set for that moment only.
+    cache directory when a function is decorated, so it is set for that moment only; where
+    no cache directory can be written, the function is compiled in each process instead.
     """
     if function is None:
         return lambda f: njit(f, **options)
@@ -71,6 +72,8 @@ def njit(function: Callable[..., Any] | None = None, **options: Any) -> Any:
     setattr(numba.config, "CACHE_DIR", str(cache_dir()))  # noqa: B010
     try:
         return numba.njit(cache=True, nogil=True, **options)(function)
+    except RuntimeError:  # no writable cache directory: compile in every process instead
+        return numba.njit(nogil=True, **options)(function)
     finally:
         setattr(numba.config, "CACHE_DIR", previous)  # noqa: B010
 
