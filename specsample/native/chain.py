@@ -6,8 +6,9 @@ residual terms ``max(q - p, 0)`` in the rows' precision (float32, or float64 for
 rows) and every sum in float64, the segment of the chosen block in float32, and the same
 inverse-CDF cell rule at each level. For each sequence it reads the ``q(x)`` and ``p(x)`` of
 its drafts until the first rejection, then the two rows at that position once (per-block
-masses), then one block of them again (the draw); sequences run in parallel, and nothing of
-size ``[batch, k, vocab]`` or ``[batch, vocab]`` is allocated.
+residual masses; the target's own only where the residual has none), then one block of them
+again (the draw); sequences run in parallel, and nothing of size ``[batch, k, vocab]`` or
+``[batch, vocab]`` is allocated.
 
 Sums in another order than PyTorch's differ by about ``1e-16`` relative, so both draw the
 same token unless a uniform falls that close to a cell boundary.
@@ -61,33 +62,42 @@ def inverse_cdf(weights: np.ndarray, u: float) -> tuple[int, float]:
 
 
 @njit(fastmath={"reassoc"})
-def block_sums(q: np.ndarray, p: np.ndarray) -> tuple[float, float]:
-    """``sum q`` and ``sum max(q - p, 0)`` of one block (``q``, ``p``: its columns), float64.
+def residual_sum(q: np.ndarray, p: np.ndarray) -> float:
+    """``sum max(q - p, 0)`` of one block (``q``, ``p``: its columns), in float64.
 
     Each term is rounded as the rule rounds it (``q - p`` in the rows' precision, NaN kept as
     ``torch.clamp`` keeps it); only the order of the float64 additions is left to the
     compiler (``reassoc``), which vectorises them.
     """
-    target = 0.0
-    residual = 0.0
+    total = 0.0
     for i in range(q.shape[0]):
         d = q[i] - p[i]
-        target += np.float64(q[i])
-        residual += np.float64(d) if not d < 0 else 0.0
-    return target, residual
+        total += np.float64(d) if not d < 0 else 0.0
+    return total
+
+
+@njit(fastmath={"reassoc"})
+def target_sum(q: np.ndarray) -> float:
+    """``sum q`` of one block, in float64 (any order of additions)."""
+    total = 0.0
+    for i in range(q.shape[0]):
+        total += np.float64(q[i])
+    return total
 
 
 @njit(inline="always")
 def draw_residual(q: np.ndarray, p: np.ndarray, u: float) -> int:
     """One token from ``normalize(max(q - p, 0))`` (or ``q`` when that has no mass)."""
     vocab = q.shape[0]
-    masses = np.empty((2, (vocab + BLOCK - 1) // BLOCK))
-    for block in range(masses.shape[1]):
+    masses = np.empty((vocab + BLOCK - 1) // BLOCK)
+    for block in range(masses.shape[0]):
         start = block * BLOCK
-        stop = min(start + BLOCK, vocab)
-        masses[0, block], masses[1, block] = block_sums(q[start:stop], p[start:stop])
-    use_target = not masses[1].sum() > 0.0
-    block, u = inverse_cdf(masses[0] if use_target else masses[1], u)
+        masses[block] = residual_sum(q[start : start + BLOCK], p[start : start + BLOCK])
+    use_target = not masses.sum() > 0.0
+    if use_target:  # no residual mass: the target row itself (its masses read only now)
+        for block in range(masses.shape[0]):
+            masses[block] = target_sum(q[block * BLOCK : block * BLOCK + BLOCK])
+    block, u = inverse_cdf(masses, u)
     width = min(BLOCK, vocab)
     first = block * BLOCK
     start = min(first, vocab - width)
