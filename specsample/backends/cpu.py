@@ -7,7 +7,8 @@ It gives the tokens of the PyTorch backend on the same uniforms (up to a uniform
 within about ``1e-16`` of a cell boundary, see :mod:`specsample.rules.residual`).
 
 The kernel runs on CPU tensors of float32 or float64 probabilities once its compilation has
-finished (:func:`specsample.native.jit.ready`, on a background thread); other calls (half
+finished (:func:`specsample.native.jit.ready`, on a background thread, which is also where
+numba is first imported: ``import specsample`` does not load it); other calls (half
 precision, another device, a call being traced by ``torch.compile``, or the first calls
 while the kernel compiles) run the PyTorch rule, which gives the same tokens.
 """
@@ -21,7 +22,6 @@ import torch
 
 from specsample.backends import eager
 from specsample.native import jit
-from specsample.native.chain import chain_rule
 from specsample.rules.chain import chain_verify, check_rule_inputs
 from specsample.shared import VerifyResult
 
@@ -62,6 +62,8 @@ def fused_chain(
     if not _fused(target_probs, draft_probs):
         return chain_verify(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms)
     check_rule_inputs(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms)
+    from specsample.native.chain import chain_rule  # loaded with numba, at the warm-up
+
     batch, k, _ = target_probs.shape
     token_ids = torch.empty(batch, k + 1, dtype=torch.int64)
     num_accepted = torch.empty(batch, dtype=torch.int64)
@@ -96,6 +98,8 @@ def _warm() -> None:
     """Compile the kernel per row dtype for contiguous arrays (numba's ``C`` layout, whose
     loads vectorise) and for arrays of any strides (``A``), then freeze it: a call then
     never starts a compilation (an array of another layout takes the ``A`` version)."""
+    from specsample.native.chain import chain_rule
+
     for dtype in (np.float32, np.float64):
         for make in (_strided, _contiguous):
             rows = make((2, 1, 4), dtype, 0.25)

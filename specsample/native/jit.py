@@ -78,11 +78,17 @@ def njit(function: Callable[..., Any] | None = None, **options: Any) -> Any:
         setattr(numba.config, "CACHE_DIR", previous)  # noqa: B010
 
 
-if _NUMBA:
-    from numba import prange
-else:
-    prange = range  # type: ignore[misc]
-"""``numba.prange`` (a parallel loop inside :func:`njit` functions), ``range`` without numba."""
+def __getattr__(name: str) -> Any:
+    """``prange``: ``numba.prange`` (a parallel loop inside :func:`njit` functions), or
+    ``range`` without numba; looked up lazily, so that importing this module does not import
+    numba."""
+    if name == "prange":
+        if _NUMBA:
+            from numba import prange
+
+            return prange
+        return range
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def on_warm_up(warmer: Callable[[], None]) -> Callable[[], None]:
