@@ -91,10 +91,11 @@ def _host_values(
 
 def _pairs(values: list[float], temps: list[float]) -> list[tuple[float, float]]:
     """Each request's (value, temperature), a list of one standing for every request."""
-    if not values or not temps:
-        return []
-    n = max(len(values), len(temps))
-    return list(zip(values * (n // len(values)), temps * (n // len(temps)), strict=True))
+    if len(values) == 1 and len(temps) > 1:
+        return [(values[0], t) for t in temps]
+    if len(temps) == 1 and len(values) > 1:
+        return [(v, temps[0]) for v in values]
+    return list(zip(values, temps, strict=True))
 
 
 def _as_float(value: float) -> float:

@@ -47,7 +47,8 @@ class VerificationStats:
     """Running totals of verification steps, kept as device tensors.
 
     The state is one histogram of accepted lengths, updated with a single scatter-add per
-    step, and three 0-d counters; every count is derived from them. Nothing in :meth:`update`
+    step, the drafts offered and the largest draft count; every other count is derived from
+    them. Nothing in :meth:`update`
     depends on a host value, so a compiled sampler traces it once, whatever the batch size,
     the draft count or the steps already recorded.
 
@@ -77,7 +78,8 @@ class VerificationStats:
     def _zero(self, device: torch.device) -> None:
         self.expected_positions = 0
         self._histogram = torch.zeros(MAX_LENGTHS, dtype=torch.int64, device=device)
-        self._totals = torch.zeros(3, dtype=torch.int64, device=device)
+        self._drafted = torch.zeros((), dtype=torch.int64, device=device)
+        self._max_k = torch.zeros((), dtype=torch.int64, device=device)
         self.expected_accepted = torch.zeros((), dtype=torch.float64, device=device)
 
     def reset(self) -> None:
@@ -87,7 +89,8 @@ class VerificationStats:
     def to(self, device: torch.device | str) -> VerificationStats:
         """Move the counters to ``device`` (a host-to-device copy, no synchronisation)."""
         self._histogram = self._histogram.to(device)
-        self._totals = self._totals.to(device)
+        self._drafted = self._drafted.to(device)
+        self._max_k = self._max_k.to(device)
         self.expected_accepted = self.expected_accepted.to(device)
         return self
 
@@ -95,26 +98,24 @@ class VerificationStats:
         """Record one step from ``num_accepted [batch]`` (int64 in ``[0, k]``, ``k < 256``)."""
         if num_accepted.device != self._histogram.device:
             self.to(num_accepted.device)
-        batch = num_accepted.shape[0]
         self._histogram.scatter_add_(0, num_accepted, torch.ones_like(num_accepted))
-        step = torch.stack([self._totals[0] + batch, self._totals[1] + batch * k])
-        self._totals[:2].copy_(step)
-        self._totals[2].clamp_(min=k)
+        self._drafted.add_(num_accepted.shape[0] * k)
+        self._max_k.clamp_(min=k)
 
     @property
     def steps(self) -> int:
         """Sequences verified (one per row per step)."""
-        return int(self._totals[0])
+        return int(self._histogram.sum())
 
     @property
     def drafted(self) -> int:
         """Draft tokens offered."""
-        return int(self._totals[1])
+        return int(self._drafted)
 
     @property
     def length_histogram(self) -> torch.Tensor:
         """``[k + 1]`` int64 counts of accepted lengths, ``k`` the largest seen."""
-        return self._histogram[: int(self._totals[2]) + 1]
+        return self._histogram[: int(self._max_k) + 1]
 
     @property
     def accepted(self) -> torch.Tensor:
@@ -125,7 +126,7 @@ class VerificationStats:
     @property
     def emitted(self) -> torch.Tensor:
         """0-d int64 tensor: tokens emitted (accepted drafts plus one per sequence-step)."""
-        return self.accepted + self._totals[0]
+        return self.accepted + self._histogram.sum()
 
     @property
     def accepted_per_position(self) -> torch.Tensor:

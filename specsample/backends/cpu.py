@@ -23,7 +23,7 @@ import torch
 from specsample.backends import eager
 from specsample.native import jit
 from specsample.rules.chain import chain_verify, check_rule_inputs
-from specsample.shared import VerifyResult
+from specsample.shared import ChainStep, PaddedRule, VerifyResult
 
 _FUSED_DTYPES = (torch.float32, torch.float64)
 
@@ -41,42 +41,45 @@ def _fused(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> bool:
     )
 
 
-def fused_chain(
-    target_probs: torch.Tensor,
-    draft_probs: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    bonus_token_ids: torch.Tensor,
-    uniforms: torch.Tensor,
-) -> VerifyResult:
-    """:data:`specsample.rules.chain.chain_verify` by the fused kernel (same arguments).
+class FusedChainRule(PaddedRule):
+    """:data:`specsample.rules.chain.chain_verify` by the fused kernel: same arguments (as
+    :meth:`PaddedRule.__call__ <specsample.shared.PaddedRule.__call__>` documents), same
+    checks, same result on the same uniforms.
 
     Examples
     --------
     >>> import torch
     >>> q = torch.tensor([[[0.0, 1.0], [0.5, 0.5]]])
-    >>> p = torch.tensor([[[0.5, 0.5], [0.5, 0.5]]])
     >>> u = torch.tensor([[0.3, 0.9, 0.5]], dtype=torch.float64)
-    >>> fused_chain(q, p, torch.tensor([[1, 0]]), torch.tensor([1]), u).token_ids
-    tensor([[1, 0, 1]])
+    >>> fused_chain(q, q, torch.tensor([[1, 0]]), torch.tensor([1]), u).num_accepted
+    tensor([2])
     """
-    if not _fused(target_probs, draft_probs):
-        return chain_verify(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms)
-    check_rule_inputs(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms)
-    from specsample.native.chain import chain_rule  # loaded with numba, at the warm-up
 
-    batch, k, _ = target_probs.shape
-    token_ids = torch.empty(batch, k + 1, dtype=torch.int64)
-    num_accepted = torch.empty(batch, dtype=torch.int64)
-    chain_rule(
-        _view(target_probs),
-        _view(draft_probs),
-        _view(draft_token_ids.to(torch.int64)),
-        _view(bonus_token_ids.reshape(batch).to(torch.int64)),
-        _view(uniforms),
-        token_ids.numpy(),
-        num_accepted.numpy(),
-    )
-    return VerifyResult(token_ids, num_accepted)
+    def verify(self, step: ChainStep) -> VerifyResult:
+        """The chain rule's result on ``step``, by the kernel when it takes the rows."""
+        target, draft, ids, bonus, uniforms = step
+        if not _fused(target, draft):
+            return chain_verify.verify(step)
+        check_rule_inputs(*step)
+        from specsample.native.chain import chain_rule  # loaded with numba, at the warm-up
+
+        batch, k, _ = target.shape
+        token_ids = torch.empty(batch, k + 1, dtype=torch.int64)
+        num_accepted = torch.empty(batch, dtype=torch.int64)
+        chain_rule(
+            _view(target),
+            _view(draft),
+            _view(ids.to(torch.int64)),
+            _view(bonus.reshape(batch).to(torch.int64)),
+            _view(uniforms),
+            token_ids.numpy(),
+            num_accepted.numpy(),
+        )
+        return VerifyResult(token_ids, num_accepted)
+
+
+fused_chain = FusedChainRule()
+"""The chain rule on probabilities by the fused CPU kernel (:class:`FusedChainRule`)."""
 
 
 def _view(tensor: torch.Tensor) -> np.ndarray:
