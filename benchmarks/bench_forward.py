@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from collections.abc import Callable
 
 import torch
+from model_loading import load_default_pair
 
-from specsample.adapter import CachedLM, FusedForward, default_pair, load_model
+from specsample.adapter import CachedLM, FusedForward
 from specsample.bench import CpuShare
 from specsample.timing import Stopwatch
 
@@ -55,25 +57,44 @@ def _call(lm: CachedLM, batch: int, width: int, context: int, vocab: int) -> Cal
     return timed
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Time the three forwards of both models and print the table; return 0 (also when
+    skipped for lack of transformers, :func:`model_loading.load_default_pair`)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8])
-    parser.add_argument("--widths", type=int, nargs="+", default=[1, 5])
-    parser.add_argument("--context", type=int, default=128, help="tokens in the cache")
-    parser.add_argument("--calls", type=int, default=40, help="timed calls per contestant")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--batch-sizes",
+        type=int,
+        nargs="+",
+        default=[1, 4, 8],
+        help="sequences per forward (default 1 4 8)",
+    )
+    parser.add_argument(
+        "--widths",
+        type=int,
+        nargs="+",
+        default=[1, 5],
+        help="new slots per sequence: 1 a plain step, k + 1 a step scoring k drafts (default 1 5)",
+    )
+    parser.add_argument(
+        "--context", type=int, default=128, help="tokens in the cache (default 128)"
+    )
+    parser.add_argument(
+        "--calls", type=int, default=40, help="timed calls per contestant (default 40)"
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    pair = default_pair()
-    if pair is None:
-        raise SystemExit("the default model pair is not installed")
+    loaded = load_default_pair()
+    if loaded is None:
+        return 0
+    models = dict(zip(("target", "draft"), loaded[1:], strict=True))
     print(f"`python benchmarks/bench_forward.py` {args.threads} thread(s), {args.calls} calls")
     print()
     print("| model | batch | width | transformers ms | fused, own layout | fused, oneDNN |")
     print("|---|---:|---:|---:|---:|---:|")
     with CpuShare() as share, torch.inference_mode():
-        for role, path in zip(("target", "draft"), pair, strict=True):
-            lms = _lms(load_model(path, role=role))
+        for role, model in models.items():
+            lms = _lms(model)
             vocab = lms["transformers"].vocab_size
             for batch in args.batch_sizes:
                 for width in args.widths:
@@ -81,6 +102,7 @@ def main() -> None:
     print()
     others = "unknown" if share.share is None else f"{share.share:.0%}"
     print(f"Other processes used {others} of the CPUs meanwhile.")
+    return 0
 
 
 def _row(
@@ -110,4 +132,4 @@ def _row(
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -51,9 +51,10 @@ calls of one round ran at most a group's length apart):
 
 The header gives the command line and the share of the CPUs other processes used during
 the timed rounds (a busy machine skews every ratio). A plot (``--plot``, default
-``bench_generate.png``; ``--no-plot``) shows the batch-1 tokens/s of every contestant and
-ours at every batch size, one column per temperature; ``--raw`` writes every timed call (its
-contestant, round and tokens/s) as a JSON line, to see the spread behind a median.
+``bench_generate.png``; ``--no-plot``; left out without matplotlib) shows the batch-1
+tokens/s of every contestant and ours at every batch size, one column per temperature;
+``--raw`` writes every timed call (its contestant, round and tokens/s) as a JSON line, to see
+the spread behind a median.
 
 The default run (``--threads 1``: 8 prompts x 96 new tokens, temperatures 0 and 1, batch
 sizes 1 4 8, a queue of 32, 5 rounds) takes about 20 minutes on an idle 2-core machine
@@ -65,6 +66,7 @@ Run ``python benchmarks/bench_generate.py --help`` for the options.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import shlex
@@ -74,7 +76,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-import transformers
 from generate_contestants import (
     DRAFTS,
     HF_ASSISTED,
@@ -87,10 +88,9 @@ from generate_contestants import (
     hf_contestants,
     ours,
     ours_contestants,
-    quiet_transformers,
 )
+from model_loading import load_default_pair
 
-from specsample import adapter
 from specsample.bench import CpuShare
 from specsample.generate import PolicyMemory
 from specsample.timing import Stopwatch
@@ -114,15 +114,36 @@ Rates = dict[Slot, list[float]]
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8])
-    parser.add_argument("-k", type=int, default=4, help="drafts per step (default 4)")
-    parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--prompts", type=int, default=8, help="prompts (the snippets cycled)")
     parser.add_argument(
-        "--queue", type=int, default=32, help="prompts of the queue section (0: skip it)"
+        "--temperatures",
+        type=float,
+        nargs="+",
+        default=[0.0, 1.0],
+        help="sampling temperatures, 0 greedy (default 0 1)",
     )
-    parser.add_argument("--rounds", type=int, default=5, help="timed runs of each contestant")
+    parser.add_argument(
+        "--batch-sizes",
+        type=int,
+        nargs="+",
+        default=[1, 4, 8],
+        help="batch sizes of ours, 1 always included (default 1 4 8)",
+    )
+    parser.add_argument("-k", type=int, default=4, help="drafts per step (default 4)")
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=96, help="most new tokens per prompt (default 96)"
+    )
+    parser.add_argument(
+        "--prompts", type=int, default=8, help="prompts, the snippets cycled (default 8)"
+    )
+    parser.add_argument(
+        "--queue",
+        type=int,
+        default=32,
+        help="prompts of the queue section, 0 to skip it (default 32)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="timed runs of each contestant (default 5)"
+    )
     parser.add_argument(
         "--ours-only",
         action="store_true",
@@ -131,7 +152,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
     )
-    parser.add_argument("--plot", default="bench_generate.png", help="where to save the plot")
+    parser.add_argument(
+        "--plot", default="bench_generate.png", help="where to save the plot (default %(default)s)"
+    )
     parser.add_argument("--no-plot", action="store_true", help="save no plot")
     parser.add_argument(
         "--raw", default=None, help="also write every timed call to this file, a JSON line each"
@@ -405,18 +428,22 @@ def _plot(rates: Rates, args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the report and save the plot; return 0 (1 without the default pair)."""
+    """Print the report and save the plot (where matplotlib is installed); return 0.
+
+    Without transformers the script is skipped (:func:`model_loading.load_default_pair`).
+    """
     args = _arguments(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    pair = adapter.default_pair()
-    if pair is None:
-        print("the default model pair is not installed", file=sys.stderr)
-        return 1
-    quiet_transformers()
-    tokenizer = adapter.load_tokenizer(pair[0])
-    target = adapter.load_model(pair[0], role="target")
-    draft = adapter.load_model(pair[1], role="draft")
+    loaded = load_default_pair()
+    if loaded is None:
+        return 0
+    tokenizer, target, draft = loaded
+    if not args.no_plot and importlib.util.find_spec("matplotlib") is None:
+        print("plot skipped: matplotlib is not installed (pip install 'specsample[plot]')")
+        args.no_plot = True
+    import transformers
+
     command = shlex.join(["python", sys.argv[0], *(sys.argv[1:] if argv is None else argv)])
     print(f"`{command}`\n")
     print(

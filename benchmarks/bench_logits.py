@@ -9,7 +9,13 @@ Usage::
 Contestants, on the same flattened ragged batch (target logits ``[rows, vocab]`` with
 ``rows = total_drafts + batch``, draft probabilities ``[total_drafts, vocab]``, draft ids):
 
-* ``ours``: :func:`specsample.verify` on the logits;
+* ``ours``: :func:`specsample.verify` on the logits (backend ``"auto"``: the fused CPU
+  kernels when numba is installed);
+* ``torch``: the same call on the PyTorch backend (``backend="torch"``);
+* ``floor``: one read of every target row and of one draft row per request
+  (``logits.sum(-1)``, ``draft_probs[first].sum(-1)``): the rows an exact verifier must
+  read (a greedy request needs each row's argmax, a sampled one each row's normaliser up to
+  its first rejection, and the draft row there);
 * ``naive``: what an engine without a logits path does: a full softmax of every row
   (``torch.softmax(logits / T)``; greedy rows become one-hot argmax rows), then the padded
   probabilities verifier :func:`specsample.chain_verify`. The padded ``[batch, K, vocab]``
@@ -18,8 +24,9 @@ Contestants, on the same flattened ragged batch (target logits ``[rows, vocab]``
   from ``n_i`` on, so that the chain rejects at ``n_i`` and draws from the bonus row; the
   bonus token of a full request is drawn with :func:`torch.multinomial` from its bonus row.
 
-Each shape runs three batches: all greedy, all sampled (temperature 1.0), and half and half
-(alternating). Draft counts are uniform in ``1..k``, with ``k`` itself present. Timing reuses
+Each shape runs four batches: all greedy, all sampled (temperature 1.0), half and half
+(alternating), and all sampled with top-k 50 and top-p 0.9 (``filtered``). Draft counts are
+uniform in ``1..k``, with ``k`` itself present. Timing reuses
 the cold-cache method of :mod:`specsample.bench` (a cache-sized buffer is overwritten before
 every timed call; medians of interleaved calls after a warm-up), and so does the peak-memory
 measurement (:func:`specsample.bench.extra_peak_bytes`), reported as a multiple of one
@@ -38,6 +45,7 @@ from typing import Any, NamedTuple
 import torch
 
 from specsample import chain_verify, verify
+from specsample.backends import resolve
 from specsample.bench import (
     TARGET_SCALE,
     Flusher,
@@ -48,6 +56,7 @@ from specsample.bench import (
 )
 from specsample.cli.args import int_in_range
 from specsample.cli.bench import parse_shape
+from specsample.native import jit
 
 SHAPES: tuple[Shape, ...] = ((64, 4, 128256), (16, 5, 151936))
 """``(batch, k, vocab)``: Llama-3 and Qwen2 vocabularies."""
@@ -55,8 +64,11 @@ SHAPES: tuple[Shape, ...] = ((64, 4, 128256), (16, 5, 151936))
 QUICK_SHAPES: tuple[Shape, ...] = ((8, 4, 32000),)
 """A small shape for a quick look."""
 
-MODES = ("greedy", "sampled", "mixed")
-"""All greedy, all sampled at temperature 1.0, and alternating."""
+MODES = ("greedy", "sampled", "mixed", "filtered")
+"""All greedy, all sampled at temperature 1.0, alternating, and sampled with top-k and top-p."""
+
+FILTERS = {"top_k": 50, "top_p": 0.9}
+"""The filters of the ``filtered`` mode."""
 
 
 class Case(NamedTuple):
@@ -74,6 +86,8 @@ class Case(NamedTuple):
         Drafts per request.
     temperature : list of float
         Per request; 0 is greedy.
+    filters : dict
+        ``top_k`` and ``top_p`` of every request (empty: none).
     """
 
     logits: torch.Tensor
@@ -81,6 +95,7 @@ class Case(NamedTuple):
     draft_token_ids: torch.Tensor
     counts: list[int]
     temperature: list[float]
+    filters: dict[str, float]
 
 
 def make_case(batch: int, k: int, vocab: int, mode: str, seed: int = 0) -> Case:
@@ -104,14 +119,15 @@ def make_case(batch: int, k: int, vocab: int, mode: str, seed: int = 0) -> Case:
     ids = torch.multinomial(draft_probs, 1, generator=gen).squeeze(-1)
     if mode == "greedy":
         temperature = [0.0] * batch
-    elif mode == "sampled":
-        temperature = [1.0] * batch
-    else:
+    elif mode == "mixed":
         temperature = [0.0 if i % 2 else 1.0 for i in range(batch)]
-    return Case(z.mul_(TARGET_SCALE), draft_probs, ids, counts.tolist(), temperature)
+    else:
+        temperature = [1.0] * batch
+    filters = dict(FILTERS) if mode == "filtered" else {}
+    return Case(z.mul_(TARGET_SCALE), draft_probs, ids, counts.tolist(), temperature, filters)
 
 
-def ours(case: Case, generator: torch.Generator) -> torch.Tensor:
+def ours(case: Case, generator: torch.Generator, backend: str = "auto") -> torch.Tensor:
     """:func:`specsample.verify` on the logits."""
     out = verify(
         case.logits,
@@ -120,12 +136,21 @@ def ours(case: Case, generator: torch.Generator) -> torch.Tensor:
         draft_probs=case.draft_probs,
         temperature=case.temperature,
         generator=generator,
+        backend=backend,
+        **case.filters,  # type: ignore[arg-type]
     )
     return out.token_ids
 
 
+def floor(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    """One read of every target row and of each request's first draft row."""
+    first = torch.cumsum(torch.tensor(case.counts), 0) - torch.tensor(case.counts)
+    return case.logits.sum(-1), case.draft_probs[first].sum(-1)
+
+
 def naive(case: Case, generator: torch.Generator) -> torch.Tensor:
-    """Full softmax of every row, padded probabilities, then :func:`chain_verify`."""
+    """Full softmax of every row, padded probabilities, then :func:`chain_verify` (only
+    temperatures: the ``filtered`` mode has no naive contestant)."""
     logits, draft_probs, ids = case.logits, case.draft_probs, case.draft_token_ids
     rows, vocab = logits.shape
     batch, width = len(case.counts), max(case.counts)
@@ -162,7 +187,7 @@ def naive(case: Case, generator: torch.Generator) -> torch.Tensor:
 def _greedy_agree(case: Case, seed: int) -> bool | None:
     """Both paths give the same tokens on the greedy requests (``None``: there are none)."""
     greedy = [i for i, t in enumerate(case.temperature) if t == 0.0]
-    if not greedy:
+    if not greedy or case.filters:
         return None
     a = ours(case, torch.Generator().manual_seed(seed))[greedy]
     b = naive(case, torch.Generator().manual_seed(seed))[greedy]
@@ -178,13 +203,17 @@ def measure(shape: Shape, mode: str, *, repeats: int, flush: Flusher, seed: int)
     generator = torch.Generator().manual_seed(seed)
     calls: dict[str, Callable[[], object]] = {
         "ours": lambda: ours(case, generator),
-        "naive": lambda: naive(case, generator),
+        "torch": lambda: ours(case, generator, "torch"),
+        "floor": lambda: floor(case),
     }
+    if not case.filters:
+        calls["naive"] = lambda: naive(case, generator)
     with torch.no_grad():
         agree = _greedy_agree(case, seed)
     counts = dict.fromkeys(calls, repeats)
     profile = profile_calls(calls, counts, flush, torch.device("cpu"), unit)
     medians, memory = profile.medians, profile.memory
+    naive_ms = 1e3 * medians["naive"] if "naive" in medians else None
     return {
         "batch": batch,
         "k": k,
@@ -192,10 +221,14 @@ def measure(shape: Shape, mode: str, *, repeats: int, flush: Flusher, seed: int)
         "rows": rows,
         "mode": mode,
         "ours_ms": 1e3 * medians["ours"],
-        "naive_ms": 1e3 * medians["naive"],
-        "ratio": medians["naive"] / medians["ours"],
+        "torch_ms": 1e3 * medians["torch"],
+        "floor_ms": 1e3 * medians["floor"],
+        "naive_ms": naive_ms,
+        "ours_over_floor": medians["ours"] / medians["floor"],
+        "torch_over_floor": medians["torch"] / medians["floor"],
+        "ratio": None if naive_ms is None else medians["naive"] / medians["ours"],
         "ours_mem": memory["ours"],
-        "naive_mem": memory["naive"],
+        "naive_mem": memory.get("naive"),
         "agree": agree,
         "others": profile.others,
     }
@@ -207,19 +240,26 @@ def format_markdown(results: Sequence[dict[str, Any]], header: dict[str, Any]) -
         f"Logits path vs naive softmax + chain_verify (cpu, {header['threads']} threads, "
         f"torch {torch.__version__}); median of {header['repeats']} cold calls "
         f"({header['flush_mib']:.0f} MiB flushed before each); memory in units of one "
-        "[rows, vocab] float32 buffer; counts uniform in 1..k.",
+        "[rows, vocab] float32 buffer; counts uniform in 1..k; ours = backend 'auto' "
+        f"({header['backend']}), torch = the PyTorch backend; floor = one read of every "
+        f"target row and one draft row per request; filtered = top-k {FILTERS['top_k']}, "
+        f"top-p {FILTERS['top_p']}.",
         "",
-        "| batch | k | vocab | rows | mode | ours ms | naive ms | naive/ours "
-        "| ours mem | naive mem | greedy agree | others |",
-        "|---:|---:|---:|---:|:---|---:|---:|---:|---:|---:|:---:|---:|",
+        "| batch | k | vocab | rows | mode | ours ms | torch ms | floor ms | ours/floor "
+        "| torch/floor | naive ms | naive/ours | ours mem | naive mem | greedy agree | others |",
+        "|---:|---:|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|",
     ]
     for r in results:
         agree = "-" if r["agree"] is None else ("yes" if r["agree"] else "NO")
         others = "-" if r["others"] is None else f"{100 * r['others']:.0f}%"
+        naive_ms = "-" if r["naive_ms"] is None else f"{r['naive_ms']:.1f}"
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+        naive_mem = "-" if r["naive_mem"] is None else f"{r['naive_mem']:.2f}"
         lines.append(
             f"| {r['batch']} | {r['k']} | {r['vocab']} | {r['rows']} | {r['mode']} "
-            f"| {r['ours_ms']:.1f} | {r['naive_ms']:.1f} | {r['ratio']:.2f}x "
-            f"| {r['ours_mem']:.2f} | {r['naive_mem']:.2f} | {agree} | {others} |"
+            f"| {r['ours_ms']:.2f} | {r['torch_ms']:.2f} | {r['floor_ms']:.2f} "
+            f"| {r['ours_over_floor']:.2f}x | {r['torch_over_floor']:.2f}x | {naive_ms} "
+            f"| {ratio} | {r['ours_mem']:.2f} | {naive_mem} | {agree} | {others} |"
         )
     return "\n".join(lines)
 
@@ -248,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats or (3 if args.quick else 5)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    jit.warm_up(wait=True)
     nbytes = cache_flush_bytes(torch.device("cpu"))
     flush = Flusher(torch.device("cpu"), nbytes)
     results = []
@@ -256,12 +297,17 @@ def main(argv: list[str] | None = None) -> int:
             row = measure(shape, mode, repeats=repeats, flush=flush, seed=args.seed)
             results.append(row)
             print(
-                f"{'x'.join(map(str, shape))} {mode}: ours {row['ours_ms']:.1f} ms, "
-                f"naive {row['naive_ms']:.1f} ms",
+                f"{'x'.join(map(str, shape))} {mode}: ours {row['ours_ms']:.2f} ms, "
+                f"floor {row['floor_ms']:.2f} ms",
                 file=sys.stderr,
                 flush=True,
             )
-    header = {"threads": torch.get_num_threads(), "repeats": repeats, "flush_mib": nbytes / 2**20}
+    header = {
+        "threads": torch.get_num_threads(),
+        "repeats": repeats,
+        "flush_mib": nbytes / 2**20,
+        "backend": resolve("auto", torch.zeros(1)),
+    }
     print(format_markdown(results, header))
     return 0
 

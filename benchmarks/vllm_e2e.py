@@ -7,7 +7,8 @@ rounds. At temperature 0 both must give the same tokens; the report gives each o
 tokens/s (median over rounds) and their ratio, with the GPU's name.
 
 Usage: python benchmarks/vllm_e2e.py [--model DIR] [--rounds 3] [--prompts 32]
-Exit status: 0 equal outputs, 1 outputs differ or a run failed, 2 no vLLM or no GPU.
+Exit status: 0 equal outputs, or skipped (one ``skipped: ...`` line: no vLLM or no GPU);
+1 outputs differ or a run failed.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from model_loading import skip
 
 PROMPT_TEXT = "def parse(text):\n    for line in text.splitlines():\n        if line"
 
@@ -59,17 +62,23 @@ def _round(args: argparse.Namespace, plugin: bool) -> dict[str, Any]:
     return result
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     """Parse the options; serve once (``--serve``) or compare the two set-ups."""
     default = Path(__file__).resolve().parents[1] / "specsample/models/default/target"
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=str(default))
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument(
+        "--model", default=str(default), help="model directory (default: the shipped target)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="runs of each set-up, alternated (default 3)"
+    )
+    parser.add_argument("--prompts", type=int, default=32, help="prompts per run (default 32)")
+    parser.add_argument(
+        "--max-tokens", type=int, default=128, help="tokens generated per prompt (default 128)"
+    )
+    parser.add_argument("--k", type=int, default=4, help="n-gram drafts per step (default 4)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.serve:
         print(json.dumps(_serve(args.model, args.prompts, args.max_tokens, args.k)))
         return 0
@@ -77,11 +86,9 @@ def main() -> int:
         import torch
         import vllm
     except ImportError as error:
-        print(f"vLLM end to end SKIPPED: {error}")
-        return 2
+        return skip(f"vLLM cannot be imported ({error}): pip install 'specsample[vllm]'")
     if not torch.cuda.is_available():
-        print("vLLM end to end SKIPPED: no CUDA device")
-        return 2
+        return skip("vLLM needs a CUDA device; none is visible")
     print(f"== vLLM {vllm.__version__} on {torch.cuda.get_device_name(0)}, n-gram k={args.k}")
     rates: dict[bool, list[float]] = {False: [], True: []}
     same = True

@@ -16,7 +16,13 @@ read in sorted order. The script
    losses, the draft's greedy agreement with the target and the mean acceptance
    ``sum_x min(p, q)`` at temperature 1,
 6. times one decoding step of each model (one token against a 128-token KV cache, batch 1),
-7. writes both model directories, ``training.json`` and ``specsample/models/README.md``.
+7. writes both model directories and ``training.json`` into ``--out`` (and, with
+   ``--readme``, a README of the run).
+
+``--out`` is required. A directory inside the ``specsample`` package (the shipped pair lives in
+``specsample/models/default``) is refused unless ``--overwrite-shipped`` is given, so that a
+copied command never replaces the shipped weights by accident; replacing them also rewrites
+``specsample/models/README.md``.
 
 ``--reuse-target`` skips steps 2 and 3: it keeps the target already in ``--out`` (its training
 as recorded in ``training.json``) and trains a new draft against it.
@@ -28,8 +34,12 @@ printed and recorded in the README, and passing them repeats the run exactly.
 
 Usage::
 
-    HF_HUB_OFFLINE=1 python scripts/train_default_models.py --minutes 30
-    HF_HUB_OFFLINE=1 python scripts/train_default_models.py --reuse-target --minutes 32
+    HF_HUB_OFFLINE=1 python scripts/train_default_models.py --out trained-models --minutes 30
+    HF_HUB_OFFLINE=1 python scripts/train_default_models.py --out trained-models \
+        --reuse-target --minutes 32
+    # replace the shipped pair (and its README):
+    HF_HUB_OFFLINE=1 python scripts/train_default_models.py --minutes 30 \
+        --out specsample/models/default --overwrite-shipped
 """
 
 from __future__ import annotations
@@ -60,8 +70,10 @@ import torch.nn.functional as F
 from specsample.timing import Stopwatch, now
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = ROOT / "specsample" / "models" / "default"
-DEFAULT_README = ROOT / "specsample" / "models" / "README.md"
+SHIPPED_OUT = ROOT / "specsample" / "models" / "default"
+SHIPPED_README = ROOT / "specsample" / "models" / "README.md"
+REPEAT_OUT = "trained-models"
+"""Where the recorded repeat command writes: a directory outside the package."""
 
 EOS = "<|endoftext|>"
 EXCLUDED_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "__pycache__"})
@@ -730,7 +742,18 @@ ratio. The least loaded round is the better estimate of the unloaded costs.
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="output directory (one inside the specsample package needs --overwrite-shipped)",
+    )
+    parser.add_argument(
+        "--overwrite-shipped",
+        action="store_true",
+        help=f"allow --out {SHIPPED_OUT.relative_to(ROOT)} (the shipped pair) or another "
+        "directory inside the package, and rewrite the shipped README",
+    )
     parser.add_argument("--readme", type=Path, default=None, help="README to write")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=None, help="target steps (default: sized)")
@@ -784,9 +807,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt-ids", default="", help=argparse.SUPPRESS)
     parser.add_argument("--log-every", type=int, default=25)
     args = parser.parse_args(argv)
-    if args.readme is None and args.out.resolve() == DEFAULT_OUT:
-        args.readme = DEFAULT_README
+    if args.measure_costs is None and not args.overwrite_shipped:
+        for name, path in (("--out", args.out), ("--readme", args.readme)):
+            if path is not None and in_package(path):
+                parser.error(
+                    f"{name} {path} lies inside the specsample package and would overwrite "
+                    f"the shipped models: write elsewhere (e.g. --out {REPEAT_OUT}), or pass "
+                    "--overwrite-shipped to replace them"
+                )
+    if args.readme is None and args.out.resolve() == SHIPPED_OUT.resolve():
+        args.readme = SHIPPED_README
     return args
+
+
+def in_package(path: Path) -> bool:
+    """``path`` lies inside this checkout's ``specsample`` package or the imported one."""
+    import specsample
+
+    resolved = path.resolve()
+    packages = {(ROOT / "specsample").resolve(), Path(specsample.__file__).resolve().parent}
+    return any(resolved.is_relative_to(package) for package in packages)
 
 
 def measure_costs(directory: Path, prompt_ids: str, threads: int) -> None:
@@ -803,7 +843,7 @@ def costs_in_subprocess(directory: Path, prompt: torch.Tensor, threads: int) -> 
     env = {k: v for k, v in os.environ.items() if k not in (OMP_POLICY, START_ENV)}
     ids = ",".join(str(int(i)) for i in prompt.flatten())
     command = [sys.executable, __file__, "--threads", str(threads)]
-    command += ["--measure-costs", str(directory), "--prompt-ids", ids]
+    command += ["--out", str(directory), "--measure-costs", str(directory), "--prompt-ids", ids]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return DecodeCosts(**json.loads(done.stdout.strip().splitlines()[-1]))
 
@@ -1018,6 +1058,8 @@ def main(argv: list[str] | None = None) -> None:
     repeat = [
         "python",
         "scripts/train_default_models.py",
+        "--out",
+        REPEAT_OUT,
         "--seed",
         str(args.seed),
         "--steps",

@@ -56,7 +56,8 @@ class SamplingParams:
         (0, 1] (1 = off), min_p in [0, 1] (0 = off). Applied in that order.
     seeds : sequence of (int or None), or tensor, optional
         ``[batch]`` per-request seeds in ``[0, 2**64)`` (None or negative: unseeded). A
-        seeded request's numbers depend only on its seed and absolute position.
+        seeded request's numbers depend only on its seed and absolute position, so a step
+        with seeds needs positions (:attr:`Requests.positions`).
     generators : dict of int to torch.Generator, optional
         Per-request generators (vLLM's ``generators``): request ``i`` draws from
         ``generators[i]``.
@@ -99,7 +100,8 @@ class Requests:
     seeding : Seeding
         Where each request's random numbers come from.
     positions : torch.Tensor or None
-        ``[batch]`` int64 absolute position of each request's first draft (``None``: 0).
+        ``[batch]`` int64 absolute position of each request's first draft (``None``: not
+        given yet; seeded requests are refused without positions when they verify a step).
     """
 
     sampling: SamplingMetadata
@@ -126,7 +128,9 @@ class Requests:
         params : SamplingParams, optional
             What the requests ask (default: temperature 1, no filter, unseeded).
         positions : sequence of int or tensor, optional
-            ``[batch]`` absolute positions in ``[0, 2**40)``.
+            ``[batch]`` absolute positions in ``[0, 2**40)``. Seeded requests need them
+            when they verify a step: give them here, with :meth:`at`, or as the entry
+            point's ``positions=`` (a step with seeds and no positions is refused).
         strict : bool
             Also check the values of tensors on the device (synchronises).
 
@@ -186,7 +190,7 @@ class DraftTree(NamedTuple):
         How the children were drafted (one of :func:`specsample.methods.tree_draftings`).
     max_depth, max_children : int or None
         Loop bounds: the deepest level and the most children tried per node (``None``:
-        from the tree).
+        from the tree; a bound above ``nodes - 1`` costs no more work than ``nodes - 1``).
 
     Examples
     --------

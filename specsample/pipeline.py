@@ -25,19 +25,23 @@ from specsample.checks import check_step_uniforms
 from specsample.metadata import BatchLayout
 from specsample.params import Requests
 from specsample.plan import LogitsStep, Plan, TreeStep
-from specsample.probs import RowStats, sampling_stats
+from specsample.probs import RowStats
 from specsample.random import Seeding, step_uniforms
-from specsample.shared import TreeVerifyResult, VerifyResult
+from specsample.shared import ChainStep, TreeVerifyResult, VerifyResult
 
 
 def target_stats(
-    target_logits: torch.Tensor, layout: BatchLayout, requests: Requests, *, need_norm: bool
+    target_logits: torch.Tensor,
+    layout: BatchLayout,
+    requests: Requests,
+    *,
+    need_norm: bool,
+    backend: str = "torch",
 ) -> RowStats:
     """``[rows]`` statistics of the target rows, each processed with its request's parameters
-    (the normalisers of greedy-only batches only with ``need_norm``)."""
-    sampling = requests.sampling
-    per_row = sampling.rows(layout.target_request())
-    return sampling_stats(target_logits, per_row, need_norm=need_norm or not sampling.all_greedy)
+    (the normalisers of greedy-only batches only with ``need_norm``), by ``backend``."""
+    per_row = requests.sampling.rows(layout.target_request())
+    return backends.get(backend).row_stats(target_logits, per_row, need_norm=need_norm)
 
 
 def plan_logits(
@@ -47,6 +51,7 @@ def plan_logits(
     *,
     uniforms: torch.Tensor | None = None,
     need_norm: bool = False,
+    backend: str = "torch",
 ) -> Plan:
     """Plan a step: per-row statistics with each request's parameters, and the uniforms.
 
@@ -62,9 +67,11 @@ def plan_logits(
         ``[batch, max_drafts + 1]`` float64 uniforms to use instead of drawing them.
     need_norm : bool
         Compute the normalisers even when every request is greedy (for log-probabilities).
+    backend : str
+        The concrete backend that computes the statistics.
     """
     sampling = requests.sampling
-    stats = target_stats(target_logits, layout, requests, need_norm=need_norm)
+    stats = target_stats(target_logits, layout, requests, need_norm=need_norm, backend=backend)
     device = target_logits.device
     if uniforms is not None:
         uniforms = check_step_uniforms(uniforms, layout.batch, layout.max_drafts + 1, device)
@@ -109,7 +116,8 @@ def run_probs(
     """Plan and execute a step on ``[batch, k, vocab]`` probabilities (already processed).
 
     The plan of a probability step is its uniforms alone (``[batch, k + 1]``, drawn from
-    ``seeding`` at ``positions`` unless given).
+    ``seeding`` at ``positions`` unless given). The caller has checked the tensors (as
+    :func:`specsample.rules.chain.check_rule_inputs` does), so the rule does not again.
     """
     batch, k, _ = target_probs.shape
     device = target_probs.device
@@ -118,7 +126,9 @@ def run_probs(
     else:
         uniforms = check_step_uniforms(uniforms, batch, k + 1, device)
     rule = backends.get(backend).prob_rule(method)
-    return rule(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms)
+    return rule.run(
+        ChainStep(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms)
+    )
 
 
 def run_typical(

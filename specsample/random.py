@@ -266,6 +266,8 @@ class Seeding:
         ``generators`` must not also have a seed. Seed values are validated by the caller
         (:func:`check_seeds`), the generators here (:func:`check_generators`).
         """
+        if seeds is None and not generators:  # every row on the shared generator
+            return Seeding(batch, None, (), None, generator)
         own = check_generators(generators, batch)
         mine = {i for i, _ in own}
         if isinstance(seeds, torch.Tensor):
@@ -296,8 +298,9 @@ class Seeding:
             return None
         return self.seeded if self.seeded is not None else self.seeds >= 0
 
-    def _unseeded(self, n: int, device: torch.device) -> torch.Tensor:
-        """``[batch, n]`` numbers of the rows that are not counter-seeded (others: filler)."""
+    def unseeded(self, n: int, device: torch.device) -> torch.Tensor:
+        """``[batch, n]`` numbers of the rows that are not counter-seeded (others: filler):
+        each row's own generator, or the shared one."""
         if self.shared_rows is not None:
             out = torch.zeros(self.batch, n, dtype=torch.float64, device=device)
             if self.shared_rows.shape[0]:
@@ -324,7 +327,7 @@ class Seeding:
         counters that counter-seeded rows read; the other rows read their own generator or
         the shared one, all columns in one draw.
         """
-        out = self._unseeded(sum(c.shape[1] for _, c in parts), device)
+        out = self.unseeded(sum(c.shape[1] for _, c in parts), device)
         seeds = self.seeds
         if seeds is None:
             return out
@@ -421,6 +424,8 @@ def step_uniforms(
     if not 0 <= k < STEP_STRIDE:
         raise ValueError(f"k must lie in [0, {STEP_STRIDE}), got {k}")
     batch = seeding.batch
+    if seeding.seeds is None:  # no counter-seeded row: no counters to build
+        return seeding.unseeded(k + 1, device).roll(-1, dims=1)
     accept = stripe(positions, batch, k, STEP_STRIDE, device)
     final = stripe(positions, batch, 1, 1, device)
     drawn = seeding.draw(device, [(Stream.FINAL, final), (Stream.ACCEPT, accept)])

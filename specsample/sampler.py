@@ -39,7 +39,12 @@ from specsample.rules.typical import (
     check_parameters,
     typical_acceptance,
 )
-from specsample.seeding import check_position_values, positions_from, seeding_from
+from specsample.seeding import (
+    check_position_values,
+    positions_from,
+    require_positions,
+    seeding_from,
+)
 from specsample.stats import VerificationStats
 
 
@@ -175,7 +180,7 @@ class RejectionSampler(_SpecSampler):
         verification, :mod:`specsample.rules.block`: exact too, never fewer accepted tokens in
         expectation, reads every row).
     backend : str
-        ``"auto"``, ``"torch"`` or ``"triton"`` (see :mod:`specsample.backends`).
+        ``"auto"``, ``"torch"``, ``"triton"`` or ``"cpu"`` (see :mod:`specsample.backends`).
 
     Attributes
     ----------
@@ -193,7 +198,32 @@ class RejectionSampler(_SpecSampler):
     ([[1, 0, 1]], 2, 2)
     """
 
-    def __init__(self, strict_mode: bool = False, method: str = "chain", backend: str = "auto"):
+    def __init__(
+        self, strict_mode: bool = False, method: str = "chain", backend: str = "auto"
+    ) -> None:
+        """A sampler verifying with ``method`` on ``backend``, its counters at zero.
+
+        Parameters
+        ----------
+        strict_mode : bool
+            Also run the value checks, which synchronise with the device.
+        method : str
+            ``"chain"`` or ``"block"`` (see :func:`specsample.methods.chain_methods`).
+        backend : str
+            ``"auto"``, ``"torch"``, ``"triton"`` or ``"cpu"`` (see :mod:`specsample.backends`).
+
+        Raises
+        ------
+        TypeError
+            ``strict_mode`` not a bool, ``method`` or ``backend`` not a str.
+        ValueError
+            An unknown ``method`` or ``backend``.
+
+        Examples
+        --------
+        >>> RejectionSampler(method="block").method
+        'block'
+        """
         super().__init__(strict_mode)
         self.method = check_method(method, chain_methods())
         if check_backend(backend, backends.BACKENDS) not in backends.BACKENDS:
@@ -248,11 +278,11 @@ class RejectionSampler(_SpecSampler):
             ``[0, 2**64)`` and ``None``); a row with seed ``>= 0`` draws from a
             counter-based stream of its own, so its output depends only on its seed, its
             position and its inputs (not on its index or the other rows). Negative or
-            ``None``: unseeded.
+            ``None``: unseeded. Needs ``positions``.
         positions : torch.Tensor or sequence of int, optional
             ``[batch]`` absolute position of each row's first draft in its sequence (an
-            int64 or int32 tensor, or host ints; in ``[0, 2**40)``, default 0). A seeded
-            step reads the stripe of counters of its position (see
+            int64 or int32 tensor, or host ints; in ``[0, 2**40)``). Required with
+            ``seeds``. A seeded step reads the stripe of counters of its position (see
             :mod:`specsample.random`), so a loop never reuses a number.
         uniforms : torch.Tensor, optional
             ``[batch, k + 1]`` float64 uniforms to use instead of drawing them.
@@ -292,6 +322,7 @@ class RejectionSampler(_SpecSampler):
             generators_name="seeded_seqs",
         )
         at = positions_from(positions, batch, device)
+        require_positions(seeding, at)
         if self.strict_mode:
             require_data(name, target)
             check_chain_values(target, bonus, draft, ids, target_name=name)
@@ -345,6 +376,27 @@ class TypicalAcceptanceSampler(_SpecSampler):
         posterior_alpha: float = DEFAULT_POSTERIOR_ALPHA,
         strict_mode: bool = False,
     ) -> None:
+        """A typical-acceptance sampler with these thresholds, its counters at zero.
+
+        Parameters
+        ----------
+        posterior_threshold : float
+            Upper bound of the acceptance threshold, finite and ``>= 0``.
+        posterior_alpha : float
+            Scale of the entropy-dependent threshold, finite and ``>= 0``.
+        strict_mode : bool
+            Also run the value checks, which synchronise with the device.
+
+        Raises
+        ------
+        TypeError, ValueError
+            A parameter of the wrong type or value (the message names it).
+
+        Examples
+        --------
+        >>> TypicalAcceptanceSampler(posterior_threshold=0.2).posterior_threshold
+        0.2
+        """
         super().__init__(strict_mode)
         check_parameters(posterior_threshold, posterior_alpha)
         self.posterior_threshold = float(posterior_threshold)

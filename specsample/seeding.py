@@ -4,7 +4,8 @@ Every entry point (:func:`specsample.verify`, :class:`specsample.RejectionSample
 generation loop) checks what the caller gives here and turns it into a
 :class:`specsample.random.Seeding` (:func:`seeding_from`) and ``[batch]`` int64 positions;
 the tree rules (:func:`specsample.rules.tree.tree_verify`) take a Seeding so built and check
-it against their batch (:func:`check_seeding`).
+it against their batch (:func:`check_seeding`). Seeds come with positions
+(:func:`require_positions`): a seeded step without them would reuse position 0's numbers.
 Host values are checked on the host; tensors only for dtype, shape and device (their values
 in strict mode, :func:`check_position_values`), so nothing synchronises by default.
 """
@@ -178,6 +179,31 @@ def positions_from(
         host = _host_ints("positions", positions, batch, MAX_POSITION)
         positions = torch.tensor(host, dtype=torch.int64)
     return positions.to(device=device, dtype=torch.int64, non_blocking=True)
+
+
+def require_positions(seeding: Seeding, positions: torch.Tensor | None) -> None:
+    """Refuse counter-seeded rows without positions.
+
+    A seeded row's numbers are keyed by its seed and its absolute position: without
+    positions every step would read the counters of position 0 again, so the samples of
+    successive steps would not be independent.
+
+    Examples
+    --------
+    >>> require_positions(seeding_from(1, torch.device("cpu"), seeds=[3]), None)
+    Traceback (most recent call last):
+    ...
+    ValueError: seeds need positions: a seeded request's random numbers are keyed by its ...
+    >>> require_positions(seeding_from(1, torch.device("cpu"), seeds=[None]), None)
+    """
+    if seeding.seeds is not None and positions is None:
+        raise ValueError(
+            "seeds need positions: a seeded request's random numbers are keyed by its seed "
+            "and its absolute position, so without positions every step would read the "
+            "numbers of position 0 again and the samples of successive steps would not be "
+            "independent; pass positions=[...] (the number of tokens before each request's "
+            "first draft) with seeds"
+        )
 
 
 def check_position_values(positions: torch.Tensor | None) -> None:

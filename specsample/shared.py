@@ -96,6 +96,12 @@ class PaddedRule(ABC):
     def verify(self, step: ChainStep) -> VerifyResult:
         """The rule's result on the arguments ``step`` (see :meth:`__call__`)."""
 
+    def run(self, step: ChainStep) -> VerifyResult:
+        """The rule's result on a ``step`` whose arguments the caller has already checked
+        (as :func:`specsample.rules.chain.check_rule_inputs` does): :meth:`verify` without
+        repeating the checks, where a rule can skip them."""
+        return self.verify(step)
+
 
 class TreeVerifyResult(NamedTuple):
     """What a tree verification step produced.

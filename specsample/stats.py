@@ -17,6 +17,9 @@ import torch
 MAX_LENGTHS = 256
 """Accepted lengths the histogram holds: ``0..255``, as a step has at most 255 drafts."""
 
+FOLD_EVERY = 32
+"""Queued steps of :meth:`VerificationStats.update` folded into the counters at once."""
+
 
 def expected_acceptance(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
     """Acceptance probability of each draft position, ``sum_x min(q(x), p(x))``.
@@ -46,11 +49,13 @@ def expected_acceptance(target_probs: torch.Tensor, draft_probs: torch.Tensor) -
 class VerificationStats:
     """Running totals of verification steps, kept as device tensors.
 
-    The state is one histogram of accepted lengths, updated with a single scatter-add per
-    step, the drafts offered and the largest draft count; every other count is derived from
-    them. Nothing in :meth:`update`
-    depends on a host value, so a compiled sampler traces it once, whatever the batch size,
-    the draft count or the steps already recorded.
+    The state is one histogram of accepted lengths, the drafts offered and the largest draft
+    count; every other count is derived from them. Eagerly, :meth:`update` only queues the
+    step's accepted counts, and they are folded into the counters with one scatter-add for
+    up to :data:`FOLD_EVERY` steps, or when a metric is read: a step pays no tensor
+    operation for its statistics. Under :func:`torch.compile`, :meth:`update` adds to the
+    counters in the graph, and nothing in it depends on a host value, so a compiled sampler
+    traces it once, whatever the batch size, the draft count or the steps already recorded.
 
     Attributes
     ----------
@@ -77,6 +82,7 @@ class VerificationStats:
 
     def _zero(self, device: torch.device) -> None:
         self.expected_positions = 0
+        self._queued: list[tuple[torch.Tensor, int]] = []
         self._histogram = torch.zeros(MAX_LENGTHS, dtype=torch.int64, device=device)
         self._drafted = torch.zeros((), dtype=torch.int64, device=device)
         self._max_k = torch.zeros((), dtype=torch.int64, device=device)
@@ -88,6 +94,7 @@ class VerificationStats:
 
     def to(self, device: torch.device | str) -> VerificationStats:
         """Move the counters to ``device`` (a host-to-device copy, no synchronisation)."""
+        self._fold()
         self._histogram = self._histogram.to(device)
         self._drafted = self._drafted.to(device)
         self._max_k = self._max_k.to(device)
@@ -98,28 +105,50 @@ class VerificationStats:
         """Record one step from ``num_accepted [batch]`` (int64 in ``[0, k]``, ``k < 256``)."""
         if num_accepted.device != self._histogram.device:
             self.to(num_accepted.device)
-        self._histogram.scatter_add_(0, num_accepted, torch.ones_like(num_accepted))
-        self._drafted.add_(num_accepted.shape[0] * k)
-        self._max_k.clamp_(min=k)
+        if torch.compiler.is_compiling():
+            self._add(num_accepted, num_accepted.shape[0] * k, k)
+            return
+        self._queued.append((num_accepted, k))
+        if len(self._queued) >= FOLD_EVERY:
+            self._fold()
+
+    def _add(self, lengths: torch.Tensor, drafted: int, max_k: int) -> None:
+        """Count ``[n]`` accepted lengths, ``drafted`` drafts and a draft count of ``max_k``."""
+        self._histogram.scatter_add_(0, lengths, torch.ones_like(lengths))
+        self._drafted.add_(drafted)
+        self._max_k.clamp_(min=max_k)
+
+    def _fold(self) -> None:
+        """Add the queued steps to the counters."""
+        queued = self._queued
+        if not queued:
+            return
+        lengths = torch.cat([n for n, _ in queued]) if len(queued) > 1 else queued[0][0]
+        self._add(lengths, sum(n.shape[0] * k for n, k in queued), max(k for _, k in queued))
+        queued.clear()
 
     @property
     def steps(self) -> int:
         """Sequences verified (one per row per step)."""
+        self._fold()
         return int(self._histogram.sum())
 
     @property
     def drafted(self) -> int:
         """Draft tokens offered."""
+        self._fold()
         return int(self._drafted)
 
     @property
     def length_histogram(self) -> torch.Tensor:
         """``[k + 1]`` int64 counts of accepted lengths, ``k`` the largest seen."""
+        self._fold()
         return self._histogram[: int(self._max_k) + 1]
 
     @property
     def accepted(self) -> torch.Tensor:
         """0-d int64 tensor: drafts accepted in order."""
+        self._fold()
         lengths = torch.arange(MAX_LENGTHS, device=self._histogram.device)
         return (self._histogram * lengths).sum()
 

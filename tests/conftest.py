@@ -11,6 +11,9 @@ as many: the fuzz suite (``tests/test_fuzz.py``) scales its per-test budgets by
 ``ci`` runs about 5,600 (under a minute on two cores). Tests that fix their own
 ``max_examples`` keep it under both.
 
+Every test starts after the fused CPU kernels have compiled (or loaded from their cache), so
+no test sees the backend switch from PyTorch's code to the kernels halfway.
+
 The loop's tests share the tiny random Llama models of ``tests/tiny_llama.py`` through the
 fixtures ``pair`` (float64 target and draft), ``pair32`` (float32 copies) and
 ``greedy_reference`` (the target's greedy continuations of its prompts), built once per test
@@ -47,6 +50,18 @@ settings.register_profile(
     max_examples=2000,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compiled_kernels() -> None:
+    """Wait for the fused CPU kernels (when numba is installed) before any test: a call made
+    while they compile runs the PyTorch code, whose log-probabilities differ from the
+    kernels' in the last bits, so a test comparing two calls bit for bit must not straddle
+    the end of the compilation. ``make test`` compiles them once beforehand, into the cache
+    every worker then loads. Tests of the calls made before compilation fake it."""
+    from specsample.native import jit
+
+    jit.warm_up(wait=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -62,7 +62,10 @@ class Batch:
         return {}
 
     def run(self, mode: str = "none", **kwargs: object) -> VerifyOutput:
+        """``verify`` on the batch; seeded requests sit at position 0 unless given others."""
         args = {**self.params, **self.draft_kwargs(mode), **kwargs}
+        if args.get("seeds") is not None:
+            args.setdefault("positions", [0] * len(self.counts))
         return verify(self.logits, self.ids, self.counts, **args)
 
 
@@ -332,7 +335,12 @@ def test_verify_padded_equals_verify_on_the_flattened_form(mode: str, layout: st
         "return_logprobs": True,
     }
     seeded = verify_padded(
-        padded, batch.ids.view(batch_size, k), seeds=list(range(batch_size)), **draft, **params
+        padded,
+        batch.ids.view(batch_size, k),
+        seeds=list(range(batch_size)),
+        positions=[0] * batch_size,
+        **draft,
+        **params,
     )
     flat = batch.run(mode, seeds=list(range(batch_size)), **params)
     assert torch.equal(seeded.token_ids, flat.token_ids)
@@ -500,7 +508,7 @@ def test_the_same_inputs_run_without_strict() -> None:
     inputs = _valid()
     inputs["draft_token_ids"] = torch.tensor([1, 2, V, -1, 5])
     _nan_logits(inputs)
-    out = verify(**inputs, temperature=[0.0, 1.0, 1.0], seeds=[1, 2, 3])
+    out = verify(**inputs, temperature=[0.0, 1.0, 1.0], seeds=[1, 2, 3], positions=[0, 0, 0])
     assert out.num_emitted[2] == 1
     assert 0 <= int(out.token_ids[2, 0]) < V
     assert bool((out.token_ids[2, 1:] == -1).all())
@@ -587,7 +595,7 @@ def test_degenerate_row_rejects_and_emits_token_0(
     _degenerate(kind, logits[0])
     ids = torch.tensor([draft, 1])
     for seed in range(5):
-        out = verify(logits, ids, [2], temperature=temperature, seeds=[seed])
+        out = verify(logits, ids, [2], temperature=temperature, seeds=[seed], positions=[0])
         assert out.token_ids.tolist() == [[0, -1, -1]], out.token_ids
 
 
@@ -602,7 +610,7 @@ def test_nan_bonus_row_emits_token_0(temperature: float) -> None:
     logits = torch.randn(1, V, generator=torch.Generator().manual_seed(1))
     logits[0, 4] = math.nan
     empty = torch.zeros(0, dtype=torch.int64)
-    out = verify(logits, empty, [0], temperature=temperature, seeds=[0])
+    out = verify(logits, empty, [0], temperature=temperature, seeds=[0], positions=[0])
     assert out.token_ids.tolist() == [[0]]
 
 
@@ -678,6 +686,7 @@ def test_half_precision_logits(dtype: torch.dtype, mode: str) -> None:
         "top_k": 50,
         "top_p": 0.9,
         "seeds": list(range(40)),
+        "positions": [0] * 40,
         "return_logprobs": True,
     }
     half = batch.run(mode, **params)
@@ -741,3 +750,51 @@ def test_peak_memory_is_at_most_one_rows_by_vocab_buffer(mode: str) -> None:
     control = extra_peak_bytes(lambda: torch.softmax(batch.logits, dim=-1))
     assert control >= unit
     assert peak <= unit, f"peak {peak / unit:.3f} buffers"
+
+
+# --------------------------------------------------------------------------------------
+# Annotations resolve at run time
+# --------------------------------------------------------------------------------------
+
+
+def _public_callables() -> list[Any]:
+    """Every public function and class of ``specsample.__all__``, with the public methods
+    (and ``__init__``) each class defines; a callable instance by its ``__call__``."""
+    import inspect
+
+    import specsample
+
+    found: list[Any] = []
+    for name in specsample.__all__:
+        obj = getattr(specsample, name)
+        if inspect.isclass(obj):
+            found.append(obj)
+            for attr, member in vars(obj).items():
+                if attr.startswith("_") and attr != "__init__":
+                    continue
+                member = getattr(member, "__func__", member)
+                member = member.fget if isinstance(member, property) else member
+                if inspect.isfunction(member):
+                    found.append(member)
+        elif inspect.isfunction(obj):
+            found.append(obj)
+        elif callable(obj):
+            found.append(type(obj).__call__)
+    return found
+
+
+def test_every_public_annotation_resolves() -> None:
+    """``typing.get_type_hints`` (and ``inspect.signature(eval_str=True)``) resolve every
+    annotation of the public API: the aliases (``Ints``, ``Scalars``, ``Seeds``) and
+    ``Unpack`` are importable where they are used."""
+    import inspect
+    import typing
+
+    callables = _public_callables()
+    assert verify in callables and verify_padded in callables
+    for obj in callables:
+        typing.get_type_hints(obj)
+        if inspect.isfunction(obj):
+            inspect.signature(obj, eval_str=True)
+    hints = typing.get_type_hints(verify)
+    assert "Unpack" in str(hints["options"]) and "Sequence" in str(hints["num_draft_tokens"])

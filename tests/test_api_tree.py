@@ -111,9 +111,16 @@ def test_requests_object_gives_the_tokens_of_the_keywords() -> None:
     tree = _tree(2, seed=3)
     kwargs: dict[str, Any] = {"drafting": "iid", "draft_probs": tree["draft_probs"]}
     by_keywords = verify_tree(
-        tree["logits"], tree["ids"], tree["parents"], temperature=0.8, seeds=[1, 2], **kwargs
+        tree["logits"],
+        tree["ids"],
+        tree["parents"],
+        temperature=0.8,
+        seeds=[1, 2],
+        positions=[4, 9],
+        **kwargs,
     )
-    requests = Requests.build(2, CPU, SamplingParams(temperature=0.8, seeds=[1, 2]))
+    params = SamplingParams(temperature=0.8, seeds=[1, 2])
+    requests = Requests.build(2, CPU, params, positions=[4, 9])
     by_object = verify_tree(
         tree["logits"], tree["ids"], tree["parents"], requests=requests, **kwargs
     )
@@ -142,3 +149,19 @@ def test_bad_arguments_are_named() -> None:
         verify_tree(tree["logits"], tree["ids"], tree["parents"], max_draft_tokens=3)  # type: ignore[call-arg]
     with pytest.raises(ValueError, match="method"):
         verify_tree(tree["logits"], tree["ids"], tree["parents"], method="chain")
+
+
+def test_bounds_above_the_tree_cost_no_work() -> None:
+    """``max_children = 2**20`` answers at once, with the greedy tokens of the tight bound."""
+    import time
+
+    tree = _tree(2, seed=4)
+    nodes = tree["logits"].shape[1]
+    args = (tree["logits"], tree["ids"], tree["parents"])
+    sampled = {"drafting": "iid", "draft_probs": tree["draft_probs"], "seeds": [1, 2]}
+    start = time.perf_counter()
+    out = verify_tree(*args, max_depth=1, max_children=2**20, positions=[0, 5], **sampled)
+    huge = verify_tree(*args, max_depth=1, max_children=2**20, temperature=0.0)
+    assert time.perf_counter() - start < 5.0
+    tight = verify_tree(*args, max_depth=1, max_children=nodes - 1, temperature=0.0)
+    assert out.path.shape == (2, 2) and torch.equal(huge.token_ids, tight.token_ids)

@@ -30,7 +30,12 @@ def test_every_backend_fills_every_slot(name: str) -> None:
 def test_the_torch_backend_runs_the_eager_steps() -> None:
     backend = backends.get("torch")
     assert backend == Backend(
-        eager.verify_logits, eager.prob_rule, lossy.verify_typical, trees.verify_tree, eager.log_q
+        eager.verify_logits,
+        eager.prob_rule,
+        lossy.verify_typical,
+        trees.verify_tree,
+        eager.log_q,
+        eager.row_stats,
     )
     assert backend.prob_rule("chain") is chain_verify
     assert backend.prob_rule("block") is block_verify
@@ -44,11 +49,12 @@ def test_the_triton_backend_runs_the_eager_code_where_it_has_no_kernel() -> None
     assert triton_backend.verify_logits is not torch_backend.verify_logits
 
 
-def test_the_cpu_backend_has_a_kernel_for_the_chain_rule_on_probabilities() -> None:
+def test_the_cpu_backend_has_kernels_for_the_chain_rule_and_row_statistics() -> None:
     torch_backend, cpu_backend = backends.get("torch"), backends.get("cpu")
     assert cpu_backend.prob_rule("chain") is cpu.fused_chain
     assert cpu_backend.prob_rule("block") is block_verify
-    assert cpu_backend.verify_logits is torch_backend.verify_logits
+    assert cpu_backend.verify_logits is cpu.verify_logits
+    assert cpu_backend.row_stats is cpu.row_stats
     assert cpu_backend.typical is torch_backend.typical
     assert cpu_backend.tree is torch_backend.tree
 

@@ -2,7 +2,8 @@
 :mod:`specsample.cli.generate_args`) on tiny random Llama models saved here (never downloaded).
 
 Covers :mod:`specsample.cli.generate`, :mod:`specsample.cli.generate_args` and what the
-command prints, :mod:`specsample.cli.output`.
+command prints, :mod:`specsample.cli.output` (on Ctrl-C too). The checks of the options
+before anything loads: ``tests/test_cli.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from specsample import models
-from specsample.cli import main
+from specsample.cli import main, output
 from specsample.cli.generate_args import add_arguments, tree_shape
 
 VOCAB = 64
@@ -36,25 +37,28 @@ def _save_tokenizer(directory: Path, words: list[str]) -> None:
     fast.save_pretrained(directory)
 
 
-def _tiny_llama(layers: int) -> Any:
-    """A random Llama over ``WORDS`` (float32, eval mode)."""
+def _tiny_llama(layers: int, **overrides: Any) -> Any:
+    """A random Llama over ``WORDS`` (float32, eval mode), its config given ``overrides``."""
     transformers = pytest.importorskip("transformers")
     from tests.tiny_llama import llama_config
 
-    return transformers.LlamaForCausalLM(llama_config(layers)).eval()
+    return transformers.LlamaForCausalLM(llama_config(layers, **overrides)).eval()
 
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A target, a draft and a model with a different tokenizer, saved with their tokenizers."""
+    """A target, a draft, a model with a different tokenizer and one with a context of 16
+    positions, saved with their tokenizers."""
     torch.manual_seed(0)
     root = tmp_path_factory.mktemp("models")
-    dirs = {name: root / name for name in ("target", "draft", "other")}
+    dirs = {name: root / name for name in ("target", "draft", "other", "short")}
     draft = _tiny_llama(1)
+    short = _tiny_llama(1, max_position_embeddings=16)
     for name, model in (("target", _tiny_llama(2)), ("draft", draft), ("other", draft)):
         model.save_pretrained(dirs[name])
-    _save_tokenizer(dirs["target"], WORDS)
-    _save_tokenizer(dirs["draft"], WORDS)
+    short.save_pretrained(dirs["short"])
+    for name in ("target", "draft", "short"):
+        _save_tokenizer(dirs[name], WORDS)
     _save_tokenizer(dirs["other"], list(reversed(WORDS)))
     return dirs
 
@@ -113,10 +117,13 @@ def test_cli_generate_ngram_batch(model_dirs, capsys) -> None:
 
 
 def test_cli_plot_without_matplotlib(model_dirs, capsys, monkeypatch, tmp_path) -> None:
+    """Refused as the options are parsed, not after the run."""
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     args = ["generate", "w1 w2", "--target", str(model_dirs["target"]), "--ngram"]
-    assert main([*args, "--max-new-tokens", "2", "--plot", str(tmp_path / "a.png")]) == 1
-    assert "--plot needs matplotlib" in capsys.readouterr().err
+    assert main([*args, "--max-new-tokens", "2", "--plot", str(tmp_path / "a.png")]) == 2
+    captured = capsys.readouterr()
+    assert "argument --plot: matplotlib is not installed" in captured.err
+    assert "target:" not in captured.err and captured.out == ""
 
 
 @pytest.mark.parametrize(
@@ -140,7 +147,7 @@ def test_cli_generate_errors(model_dirs, capsys, tmp_path, extra, message) -> No
 def test_cli_generate_refuses_a_prompt_that_is_not_text(model_dirs, capsys) -> None:
     """Bytes that are not UTF-8 (decoded by Python to surrogates) are named as such."""
     target = ["--target", str(model_dirs["target"]), "--ngram"]
-    assert main(["generate", "w1 \udcff", *target]) == 1
+    assert main(["generate", "w1 \udcff", *target]) == 2
     assert "the prompt is not valid text" in capsys.readouterr().err
 
 
@@ -149,10 +156,42 @@ def test_cli_generate_needs_a_pair(model_dirs, capsys, monkeypatch, tmp_path) ->
     assert main(["generate", "w1"]) == 1
     assert "no default model pair is installed" in capsys.readouterr().err
     target = ["--target", str(model_dirs["target"]), "--ngram"]
-    assert main(["generate", "   ", *target]) == 1
+    assert main(["generate", "   ", *target]) == 2
     assert "empty" in capsys.readouterr().err
     assert main(["generate", " ".join(["w1"] * 300), *target]) == 1
-    assert "context" in capsys.readouterr().err
+    assert "the prompt has 300 tokens but the target's context is 256" in capsys.readouterr().err
+
+
+def test_cli_generate_refuses_drafts_beyond_the_context(model_dirs, capsys) -> None:
+    """Said in flag syntax before the decoding loop refuses it."""
+    args = ["generate", "w1 w2", "--target", str(model_dirs["short"]), "--ngram", "-k", "16"]
+    assert main(args) == 1
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err == (
+        "specsample generate: error: -k 16 must be below the target's context (16 positions): "
+        "a step scores the drafts and one more slot"
+    )
+
+
+def test_cli_generate_interrupted(model_dirs, capsys, monkeypatch) -> None:
+    """Ctrl-C ends the streamed line, prints the statistics of what ran and exits 130."""
+    real = output.Stream.__call__
+    calls: list[int] = []
+
+    def stream_then_interrupt(self: Any, index: int, token_ids: list[int]) -> None:
+        real(self, index, token_ids)
+        calls.append(index)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(output.Stream, "__call__", stream_then_interrupt)
+    models = ["--target", str(model_dirs["target"]), "--draft", str(model_dirs["draft"])]
+    assert main(["generate", "w1 w2 w3", *models, "--max-new-tokens", "60"]) == 130
+    captured = capsys.readouterr()
+    streamed, stats = captured.out.split("\n\nstatistics of the steps that ran before the ")
+    assert streamed.startswith("w1 w2 w3 ") and "\n" not in streamed
+    assert stats.startswith("interrupt:\nmode ") and "tokens generated" in stats
+    assert captured.err.endswith("\nspecsample generate: interrupted\n")
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,10 @@ End to end with the shipped default pair (one thread, at most 8 new tokens): a 1
 file with per-prompt parameters round-trips, its greedy lines equal target-only greedy
 decoding, and an interrupted run resumes with only the missing prompts. The models run in
 float64 there, so that no near-tie between two logits can flip an argmax between batch
-shapes. Every kind of bad input line is refused with its line number before anything is
-written, and conflicting arguments are refused before anything is read.
+shapes. Every kind of bad input line is refused with its line number before any model loads
+and anything is written, every bad line of a file in one error, and conflicting arguments
+are refused before anything is read. How a resumed run matches the output to an edited
+input: ``tests/test_cli_resume.py``.
 """
 
 from __future__ import annotations
@@ -70,6 +72,16 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> _Calls:
     recorder = _Calls()
     monkeypatch.setattr(generate, "speculative_generate", recorder)
     return recorder
+
+
+@pytest.fixture
+def no_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make loading a model fail the test."""
+
+    def load_models(*args: Any) -> None:
+        pytest.fail("a model was loaded")
+
+    monkeypatch.setattr(generate, "load_models", load_models)
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -220,6 +232,11 @@ BAD_LINES = [
     ('{"prompt": "x", "seed": -1}', "seed must be"),
     ('{"prompt": "x", "seed": 18446744073709551616}', "seed must be"),
     ('{"prompt": "x", "seed": 1.0}', "seed must be"),
+    ('{"prompt": "x", "seed": true}', "seed must be"),
+    ('{"prompt": "x", "prompt": "y"}', "duplicate key 'prompt'"),
+    ('{"prompt": "x", "seed": 1, "seed": 2}', "duplicate key 'seed'"),
+    ('{"prompt": "x \\ud800"}', "'prompt' holds a lone surrogate '\\ud800' at character 3"),
+    ('{"prompt": "x", "id": "\\udfff"}', "'id' holds a lone surrogate"),
     ('{"id": "a", "prompt": "x"}', "id 'a' repeats the id of line 1"),
     ('{"prompt": "x"}', "id 3 repeats the id of line 2"),
 ]
@@ -227,7 +244,7 @@ BAD_LINES = [
 
 @pytest.mark.parametrize(("line", "message"), BAD_LINES)
 def test_bad_line_is_refused_before_anything_is_written(
-    tmp_path: Path, calls: _Calls, line: str, message: str
+    tmp_path: Path, calls: _Calls, no_models: None, line: str, message: str
 ) -> None:
     prompts, results = tmp_path / "prompts.jsonl", tmp_path / "out.jsonl"
     _write(prompts, ['{"id": "a", "prompt": "x"}', '{"id": 3, "prompt": "y"}', line, ""])
@@ -240,19 +257,22 @@ def test_bad_line_is_refused_before_anything_is_written(
     assert results.read_bytes() == existing and not calls.calls
 
 
+DEFAULTS = dict(max_new_tokens=8, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=None)
+"""The command-line defaults of the sampling fields, unseeded."""
+
+
 def test_bad_utf8_and_late_bad_line(tmp_path: Path) -> None:
     """The line number is the file's, blank lines counted; a bad line anywhere is found."""
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_bytes(b'{"prompt": "x"}\n\n{"prompt": "\xff"}\n')
-    defaults = dict(max_new_tokens=8, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=None)
     with pytest.raises(ValueError, match=f"^{prompts}:3: not valid UTF-8"):
-        jsonl.read_requests(prompts, defaults)
+        jsonl.read_requests(prompts, DEFAULTS)
     _write(prompts, [{"prompt": "x"}] * 99 + ["", '{"prompt": "y", "top_p": -1}'])
     with pytest.raises(ValueError, match=f"^{prompts}:101: top_p must be"):
-        jsonl.read_requests(prompts, defaults)
+        jsonl.read_requests(prompts, DEFAULTS)
     _write(prompts, ["", "  "])
     with pytest.raises(ValueError, match="holds no prompts"):
-        jsonl.read_requests(prompts, defaults)
+        jsonl.read_requests(prompts, DEFAULTS)
 
 
 def test_defaults_and_seeds(tmp_path: Path) -> None:
@@ -273,29 +293,63 @@ def test_defaults_and_seeds(tmp_path: Path) -> None:
     assert [r.seed for r in unseeded] == [None, 1, None]
 
 
-def test_read_results(tmp_path: Path) -> None:
-    results = tmp_path / "out.jsonl"
-    assert jsonl.read_results(results) == jsonl.Resume(frozenset(), 0, None)
-    results.write_text('{"id": 1}\n\n{"id": "b"}\n')
-    assert jsonl.read_results(results) == jsonl.Resume(frozenset({1, "b"}), 23, None)
-    results.write_text('{"id": 1}\n{"id": "b", "completion": "x\n')
-    assert jsonl.read_results(results) == jsonl.Resume(frozenset({1}), 10, 2)
-    results.write_text('{"id": 1}\n{"id": 2}\n{"id": 3}\n\n')
-    assert jsonl.read_results(results) == jsonl.Resume(frozenset({1, 2, 3}), 31, None)
-    results.write_text('{"id": 1}\n{"id": 2}\n{"i')
-    assert jsonl.read_results(results) == jsonl.Resume(frozenset({1, 2}), 20, 3)
+RECORD = (
+    '"prompt": "x", "completion": "y", "max_new_tokens": 128, "temperature": 0.0, "top_k": 0, '
+    '"top_p": 1.0, "min_p": 0.0, "seed": null}'
+)
+"""A result record of prompt ``x`` with the default parameters, after ``{"id": ..., ``."""
 
 
 @pytest.mark.parametrize(
-    "content", ['{"id": 1}\n{"id": 2\n{"id": 3}\n', '{"id": 1}\n[2]\n{"id": 3', '{"id": 1.5}\n{}\n']
+    "content",
+    [
+        f'{{"id": 1, {RECORD}\n{{"id": 2\n{{"id": 3, {RECORD}\n',
+        f'{{"id": 1, {RECORD}\n[2]\n{{"id": 3',
+        f'{{"id": 1.5, {RECORD}\n{{}}\n',
+        f'{{"id": 1, "prompt": "x"}}\n{{"id": 2, {RECORD}\n',
+        f'{{"id": 1, {RECORD[:-1]}, "seed": 5}}\n{{"id": 2, {RECORD}\n',
+    ],
 )
-def test_malformed_result_line_is_refused(tmp_path: Path, calls: _Calls, content: str) -> None:
+def test_malformed_result_line_is_refused(
+    tmp_path: Path, calls: _Calls, no_models: None, content: str
+) -> None:
     prompts, results = tmp_path / "prompts.jsonl", tmp_path / "out.jsonl"
     _write(prompts, [{"prompt": "x"}])
     results.write_text(content)
     with pytest.raises(ValueError, match=f"^{results}:[12]: not a result record"):
         generate.run(_args("--input", str(prompts), "--output", str(results)))
     assert results.read_text() == content and not calls.calls
+
+
+def test_every_bad_line_is_reported_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], calls: _Calls, no_models: None
+) -> None:
+    prompts, results = tmp_path / "prompts.jsonl", tmp_path / "out.jsonl"
+    bad = ['{"prompt": "x", "top_k": -1}', "{", '{"prompt": "x \\ud800"}']
+    _write(prompts, [{"prompt": "a"}, bad[0], {"prompt": "b"}, bad[1], "", bad[2]])
+    argv = ["generate", "--input", str(prompts), "--output", str(results)]
+    assert cli.main(argv) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith(f"specsample generate: error: {prompts}:2: top_k must be")
+    assert lines[1].startswith(f"{prompts}:4: invalid JSON")
+    assert lines[2].startswith(f"{prompts}:6: 'prompt' holds a lone surrogate")
+    assert len(lines) == 3 and not results.exists() and not calls.calls
+
+    _write(prompts, ["{"] * (jsonl.MAX_REPORTED + 5))
+    with pytest.raises(ValueError) as error:
+        jsonl.read_requests(prompts, DEFAULTS)
+    lines = str(error.value).splitlines()
+    assert len(lines) == jsonl.MAX_REPORTED + 1 and lines[-1] == "... and 5 more bad lines"
+    assert lines[-2].startswith(f"{prompts}:{jsonl.MAX_REPORTED}: invalid JSON")
+
+
+def test_seed_null_is_unseeded_and_surrogate_pairs_are_text(tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    records = [{"prompt": "a"}, {"prompt": "b", "seed": None}, {"prompt": "c \ud83d\ude00"}]
+    _write(prompts, records)
+    requests = jsonl.read_requests(prompts, {**DEFAULTS, "seed": 10})
+    assert [r.seed for r in requests] == [10, None, 12]
+    assert requests[2].prompt == "c \U0001f600"
 
 
 def test_prompt_too_long_names_its_line(tmp_path: Path, target_dir: Path, calls: _Calls) -> None:
@@ -307,25 +361,32 @@ def test_prompt_too_long_names_its_line(tmp_path: Path, target_dir: Path, calls:
 
 
 @pytest.mark.parametrize(
-    ("argv", "message"),
+    ("argv", "message", "status"),
     [
-        ([], "pass a prompt, or --input"),
-        (["x", "--input", "{prompts}", "--output", "{results}"], "not both"),
-        (["x", "--output", "{results}"], "--output needs --input"),
-        (["--input", "{prompts}"], "--input needs --output"),
-        (["--input", "{prompts}", "--output", "{results}", "--compare"], "not supported"),
-        (["--input", "{prompts}", "--output", "{prompts}"], "another file than --input"),
+        ([], "pass a prompt, or --input", 2),
+        (["x", "--input", "{prompts}", "--output", "{results}"], "not both", 2),
+        (["x", "--output", "{results}"], "--output needs --input", 2),
+        (["--input", "{prompts}"], "--input needs --output", 2),
+        (["--input", "{prompts}", "--output", "{results}", "--compare"], "not supported", 2),
+        (["--input", "{prompts}", "--output", "{prompts}"], "another file than --input", 1),
     ],
 )
 def test_argument_conflicts(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], calls: _Calls, argv: list[str], message: str
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    calls: _Calls,
+    argv: list[str],
+    message: str,
+    status: int,
 ) -> None:
+    """Options that conflict are usage errors (status 2); the paths are checked as the files
+    are read (status 1)."""
     prompts, results = tmp_path / "prompts.jsonl", tmp_path / "out.jsonl"
     _write(prompts, [{"prompt": "x"}])
     filled = [a.format(prompts=prompts, results=results) for a in argv]
     with pytest.raises(ValueError, match=message):
         generate.run(_args(*filled))
-    assert cli.main(["generate", *filled]) == 1
+    assert cli.main(["generate", *filled]) == status
     error = capsys.readouterr().err
     assert error.startswith("specsample generate: error: ") and message in error
     assert not results.exists() and prompts.read_text() == '{"prompt": "x"}\n'

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specsample.cli.progress import Progress
+from specsample.cli.progress import PartsProgress, Progress
 
 
 class _Bar:
@@ -40,4 +40,14 @@ def test_reports_are_at_least_every_seconds_apart(capsys: pytest.CaptureFixture[
         progress(finished, 5, finished * 10)
     assert bar.postfixes == []
     Progress("target-only", every=3600.0)(1, 2, 3)
+    assert capsys.readouterr().err == ""
+
+
+def test_parts_done_and_time_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    PartsProgress("compare", "points", every=0.0)(3, 20)
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("[compare] 3/20 points done in ")
+    assert captured.err.endswith(" s\n")
+    PartsProgress("compare", "points", every=3600.0)(3, 20)
     assert capsys.readouterr().err == ""

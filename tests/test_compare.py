@@ -109,4 +109,11 @@ def test_compare_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert status == 0
     out = capsys.readouterr().out
     assert "tokens/step" in out and plot.exists()
-    assert main(["compare", "--families", "nope", "--k", "1", "--rows", "10"]) == 1
+    assert main(["compare", "--families", "nope", "--k", "1", "--rows", "10"]) == 2
+
+
+def test_compare_reports_progress() -> None:
+    """``on_progress(done, total)`` after each family and draft length."""
+    seen: list[tuple[int, int]] = []
+    compare_rules(["random", "markov"], [1, 2], rows=50, on_progress=lambda *a: seen.append(a))
+    assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]

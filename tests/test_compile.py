@@ -49,9 +49,12 @@ def test_compiled_sampler_follows_changing_shapes(graph_breaks: dict[str, int]) 
     compiled = torch.compile(RejectionSampler(), backend="eager")
     for index, (batch, k, vocab) in enumerate(SHAPES):
         inputs = _probs_inputs(batch, k, vocab, seed=index)
-        seeds = torch.arange(batch) + 10 * index
-        expected = RejectionSampler()(*inputs, seeds=seeds)
-        assert torch.equal(compiled(*inputs, seeds=seeds), expected), (batch, k)
+        seeded = {
+            "seeds": torch.arange(batch) + 10 * index,
+            "positions": torch.zeros(batch, dtype=torch.int64),
+        }
+        expected = RejectionSampler()(*inputs, **seeded)
+        assert torch.equal(compiled(*inputs, **seeded), expected), (batch, k)
     assert not graph_breaks
 
 
@@ -65,9 +68,9 @@ def test_compiled_verify_follows_changing_shapes(graph_breaks: dict[str, int]) -
         counts[0] = k - 1
         logits = torch.randn(sum(counts) + batch, vocab, generator=generator)
         drafts = torch.randint(0, vocab, (sum(counts),), generator=generator)
-        seeds = list(range(10 * index, 10 * index + batch))
-        got = compiled(logits, drafts, counts, temperature=1.0, seeds=seeds)
-        expected = verify(logits, drafts, counts, temperature=1.0, seeds=seeds)
+        seeded = {"seeds": list(range(10 * index, 10 * index + batch)), "positions": [0] * batch}
+        got = compiled(logits, drafts, counts, temperature=1.0, **seeded)
+        expected = verify(logits, drafts, counts, temperature=1.0, **seeded)
         assert torch.equal(got.token_ids, expected.token_ids), (batch, k)
         assert torch.equal(got.num_accepted, expected.num_accepted), (batch, k)
     assert not graph_breaks

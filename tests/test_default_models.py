@@ -41,7 +41,7 @@ PROBES = (
 
 def _transformers() -> Any:
     return pytest.importorskip(
-        "transformers", reason="transformers is not installed (pip install specsample[hf])"
+        "transformers", reason="transformers is not installed (pip install -e '.[hf]')"
     )
 
 

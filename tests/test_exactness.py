@@ -173,9 +173,13 @@ def test_batch_one_calls_match_batched_seeded_rows() -> None:
     inputs = draw_inputs(make_family("markov", 3, seed=5), rows=256, seed=9)
     seeds = torch.arange(256, dtype=torch.int64) * 7919 + 12345
     sampler = RejectionSampler()
-    batched = sampler(*inputs, seeds=seeds)
+    at = torch.zeros_like(seeds)
+    batched = sampler(*inputs, seeds=seeds, positions=at)
     singles = torch.cat(
-        [sampler(*(t[i : i + 1] for t in inputs), seeds=seeds[i : i + 1]) for i in range(256)]
+        [
+            sampler(*(t[i : i + 1] for t in inputs), seeds=seeds[i : i + 1], positions=at[:1])
+            for i in range(256)
+        ]
     )
     assert torch.equal(batched, singles)
 

@@ -262,7 +262,10 @@ def randomness(
         position = st.one_of(st.integers(0, 1000), st.just(2**40 - 1))
         for name, entry in (("seeds", seed), ("positions", position)):
             value = draw(st.lists(entry, min_size=batch, max_size=batch))
-            form = draw(st.sampled_from(("tensor", "none", "list")[: 3 if lists else 2]))
+            forms = ("tensor", "none", "list")[: 3 if lists else 2]
+            if name == "positions" and "seeds" in {**args, **tensors}:
+                forms = tuple(form for form in forms if form != "none")  # seeds need positions
+            form = draw(st.sampled_from(forms))
             if form == "tensor":
                 tensors[name] = torch.tensor(value, dtype=torch.int64)
             elif form == "list":

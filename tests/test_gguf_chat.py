@@ -1,12 +1,13 @@
 """GGUF files, chat templates and several end-of-sequence ids, offline.
 
 Covers the command's model loading, :mod:`specsample.cli.load`, with
-:mod:`specsample.adapter.gguf` on a real file.
+:mod:`specsample.adapter.gguf` and :mod:`specsample.adapter.gguf_load` on a real file.
 
-A tiny random Llama is written as a GGUF file with the ``gguf`` package, in the tensor names
-and layout transformers' GGUF loader expects (llama.cpp's: ``token_embd``, ``blk.N.attn_q``
-with the query and key rows permuted, ...), its feed-forward weights quantized to ``Q8_0``,
-together with the shipped default pair's tokenizer (byte-level BPE) and a chat template.
+A tiny random Llama is written as a GGUF file with the ``gguf`` package
+(``tests/gguf_files.py``), in llama.cpp's tensor names and layout (``token_embd``,
+``blk.N.attn_q`` with the query and key rows permuted, ...), its feed-forward weights
+quantized to ``Q8_0``, together with the shipped default pair's tokenizer (byte-level BPE)
+and a chat template.
 Loading it must give back the same weights (the quantized ones within the ``Q8_0`` error)
 and the same tokenizer, and greedy speculative decoding on it must equal target-only
 decoding and transformers' own greedy ``generate``. The command runs on it with ``--chat``
@@ -26,8 +27,8 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-gguf = pytest.importorskip("gguf", reason="writing a GGUF file needs the gguf package")
-pytest.importorskip("accelerate", reason="transformers loads GGUF files with accelerate")
+pytest.importorskip("gguf", reason="writing a GGUF file needs the gguf package")
+pytest.importorskip("accelerate", reason="loading a GGUF file needs accelerate")
 
 from specsample import adapter, cli  # noqa: E402
 from specsample.cli.load import eos_token_ids, prompt_encoder  # noqa: E402
@@ -36,126 +37,31 @@ from specsample.generate import (  # noqa: E402
     speculative_generate,
     target_generate,
 )
-
-HEADS, KV_HEADS, HIDDEN, LAYERS, FFN = 4, 2, 64, 2, 128
-ROPE_THETA = 10000.0
-
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|endoftext|>{{ message['role'] }}: {{ message['content'] }}"
-    "\n{% endfor %}{% if add_generation_prompt %}<|endoftext|>assistant:{% endif %}"
+from tests.gguf_files import (  # noqa: E402
+    CHAT_TEMPLATE,
+    LAYERS,
+    default_tokenizer_dir,
+    tiny_llama,
+    write_gguf,
 )
-"""A template over the default tokenizer's only special token."""
 
 PROMPTS = ("def parse(text):", "class Node:\n    def __init__(self, value):", "import os\n")
 
 
 @pytest.fixture(scope="module")
 def tokenizer_dir() -> Path:
-    pair = adapter.default_pair()
-    if pair is None:
-        pytest.fail("the default model pair is not installed")
-    return pair[0]
-
-
-def _permuted(weight: torch.Tensor, heads: int) -> torch.Tensor:
-    """Query or key rows in llama.cpp's order: each head's two rotary halves interleaved."""
-    rows = weight.shape[0]
-    halves = weight.reshape(heads, 2, rows // heads // 2, weight.shape[1])
-    return halves.transpose(1, 2).reshape(weight.shape)
-
-
-def _gguf_tensors(model: Any) -> dict[str, torch.Tensor]:
-    """The model's weights under llama.cpp's GGUF names."""
-    state = model.state_dict()
-    tensors = {
-        "token_embd.weight": state["model.embed_tokens.weight"],
-        "output_norm.weight": state["model.norm.weight"],
-        "output.weight": state["lm_head.weight"],
-    }
-    names = {
-        "input_layernorm": "attn_norm",
-        "self_attn.v_proj": "attn_v",
-        "self_attn.o_proj": "attn_output",
-        "post_attention_layernorm": "ffn_norm",
-        "mlp.gate_proj": "ffn_gate",
-        "mlp.up_proj": "ffn_up",
-        "mlp.down_proj": "ffn_down",
-    }
-    for i in range(LAYERS):
-        prefix = f"model.layers.{i}."
-        for ours, theirs in names.items():
-            tensors[f"blk.{i}.{theirs}.weight"] = state[f"{prefix}{ours}.weight"]
-        q, k = state[f"{prefix}self_attn.q_proj.weight"], state[f"{prefix}self_attn.k_proj.weight"]
-        tensors[f"blk.{i}.attn_q.weight"] = _permuted(q, HEADS)
-        tensors[f"blk.{i}.attn_k.weight"] = _permuted(k, KV_HEADS)
-    return tensors
-
-
-def _write_gguf(path: Path, model: Any, tokenizer_dir: Path) -> None:
-    """Write ``model`` and the tokenizer of ``tokenizer_dir`` as a GGUF file."""
-    saved = json.loads((tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
-    vocab = saved["model"]["vocab"]
-    tokens = sorted(vocab, key=vocab.__getitem__)
-    special = {entry["id"] for entry in saved["added_tokens"] if entry["special"]}
-    merges = [m if isinstance(m, str) else " ".join(m) for m in saved["model"]["merges"]]
-    config = model.config
-    writer = gguf.GGUFWriter(path, "llama")
-    writer.add_name("tiny llama")
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_block_count(LAYERS)
-    writer.add_feed_forward_length(FFN)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS)
-    writer.add_rope_dimension_count(HIDDEN // HEADS)
-    writer.add_rope_freq_base(ROPE_THETA)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_vocab_size(len(tokens))
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list(tokens)
-    writer.add_token_types([3 if i in special else 1 for i in range(len(tokens))])
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(0)
-    writer.add_eos_token_id(0)
-    writer.add_chat_template(CHAT_TEMPLATE)
-    for name, tensor in _gguf_tensors(model).items():
-        array = tensor.detach().to(torch.float32).numpy()
-        if ".ffn_" in name and not name.endswith("norm.weight"):
-            kind = gguf.GGMLQuantizationType.Q8_0
-            writer.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
-        else:
-            writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    return default_tokenizer_dir()
 
 
 @pytest.fixture(scope="module")
 def original() -> Any:
     """The random Llama the GGUF file holds (vocabulary of the default tokenizer)."""
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=4096,
-        hidden_size=HIDDEN,
-        intermediate_size=FFN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        max_position_embeddings=256,
-        rope_theta=ROPE_THETA,
-        initializer_range=0.2,
-        tie_word_embeddings=False,
-    )
-    return transformers.LlamaForCausalLM(config).eval()
+    return tiny_llama()
 
 
 @pytest.fixture(scope="module")
 def gguf_file(tmp_path_factory: pytest.TempPathFactory, original: Any, tokenizer_dir: Path) -> Path:
-    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
-    _write_gguf(path, original, tokenizer_dir)
-    return path
+    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", original, tokenizer_dir)
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +96,7 @@ def test_gguf_header_and_description(gguf_file: Path, loaded: dict[str, Any]) ->
     assert header.tensor_types == {"F32": 3 + 6 * LAYERS, "Q8_0": 3 * LAYERS}
     text = adapter.describe_model(loaded["model"], adapter.model_source(gguf_file))
     assert "parameters in float32" in text and "Q8_0 x6" in text
-    assert text.endswith("dequantized to float32 by transformers")
+    assert text.endswith("dequantized to float32 at load")
 
 
 def test_greedy_on_the_gguf_model_equals_target_only(loaded: dict[str, Any]) -> None:
@@ -276,7 +182,7 @@ def test_cli_chat_on_the_gguf_file_equals_transformers_greedy(
         captured = capsys.readouterr()
         reply = _chat_reply(tokenizer, model, PROMPTS[0], system)
         assert reply and captured.out.startswith(reply + "\n\n"), (captured.out, reply)
-        assert "dequantized to float32 by transformers" in captured.err
+        assert "dequantized to float32 at load" in captured.err
 
 
 def test_cli_chat_with_input_file(gguf_file: Path, loaded: dict[str, Any], tmp_path: Path) -> None:
@@ -294,7 +200,7 @@ def test_cli_chat_with_input_file(gguf_file: Path, loaded: dict[str, Any], tmp_p
 def test_chat_needs_a_template(tokenizer_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["generate", "x", "--target", str(tokenizer_dir), "--ngram", "--chat"]) == 1
     assert "--chat needs a tokenizer with a chat template" in capsys.readouterr().err
-    assert cli.main(["generate", "x", "--ngram", "--system", "hi"]) == 1
+    assert cli.main(["generate", "x", "--ngram", "--system", "hi"]) == 2
     assert "--system needs --chat" in capsys.readouterr().err
 
 

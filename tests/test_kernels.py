@@ -66,7 +66,7 @@ IN_PROCESS = HAVE_TRITON and os.environ.get("TRITON_INTERPRET", "") == "1"
 requires_interpreter = pytest.mark.skipif(
     not IN_PROCESS,
     reason=(
-        "triton is not installed (pip install 'specsample[triton]')"
+        "triton is not installed (pip install -e '.[triton]')"
         if not HAVE_TRITON
         else "runs in a TRITON_INTERPRET=1 subprocess (test_kernels_under_the_interpreter)"
     ),

@@ -112,3 +112,22 @@ def test_no_cache_deprecation_warning_on_the_installed_transformers(pair) -> Non
         warnings.simplefilter("always")
         speculative_generate(pair[0], [[1, 2, 3]], pair[1], k=2, max_new_tokens=6)
     assert not [w for w in caught if "past_key_values" in str(w.message)]
+
+
+def test_nan_weights_are_reported_as_a_broken_model_not_as_padding(pair) -> None:
+    """A model whose weights hold NaN returns NaN for the plain input too: the message says
+    the model is broken and names the weight, not the padding advice."""
+    import copy
+
+    broken = copy.deepcopy(pair[1])
+    name, weight = next((n, p) for n, p in broken.named_parameters() if "mlp" in n)
+    with torch.no_grad():
+        weight[0, 0] = float("nan")
+    with pytest.raises(ValueError) as error:
+        adapter.check_masked_cache(broken, role="draft")
+    message = str(error.value)
+    assert message.startswith("the draft model returns NaN logits for a plain input")
+    assert f"the model itself is broken, its weights hold NaN or infinity (the first: {name})" in (
+        message
+    )
+    assert "left-padded" not in message and "sdpa" not in message

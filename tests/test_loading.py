@@ -138,3 +138,34 @@ def test_check_same_tokenizer_names_the_first_difference() -> None:
         adapter.check_same_tokenizer(_Tokenizer(vocab), _Tokenizer({**vocab, "c": 2}))
     with pytest.raises(ValueError, match="encode 'Hello, world!' differently"):
         adapter.check_same_tokenizer(_Tokenizer(vocab), _Tokenizer(vocab, shift=1))
+
+
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_truncated_weights_name_the_model_and_the_file(tmp_path: Path, role: str) -> None:
+    """A cut ``model.safetensors`` is reported for its model and file, not as a raw
+    ``SafetensorError`` traceback."""
+    pytest.importorskip("transformers")
+    import shutil
+
+    from specsample.models import default_model_dir
+
+    directory = tmp_path / role
+    shutil.copytree(default_model_dir("draft"), directory)
+    weights = directory / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ValueError) as error:
+        loading.load_model(directory, role=role)
+    message = str(error.value)
+    assert message.startswith(f"the {role} model's weights cannot be read: {weights} is ")
+    assert "truncated or corrupted" in message
+
+
+def test_a_missing_gguf_package_says_how_to_install_it_from_the_checkout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = loading.importlib.util.find_spec
+    monkeypatch.setattr(
+        loading.importlib.util, "find_spec", lambda name: None if name == "gguf" else real(name)
+    )
+    with pytest.raises(ImportError, match=r"needs the gguf package; install with: pip install -e"):
+        loading.require_gguf()

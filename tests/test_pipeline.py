@@ -60,7 +60,7 @@ def test_unseeded_row_of_mixed_batch_equals_single_row_call(seeding: str) -> Non
         if seeding == "seeded_seqs":
             args = [{0: torch.Generator().manual_seed(5), 2: torch.Generator().manual_seed(6)}]
         else:
-            kwargs["seeds"] = torch.tensor([5, -1, 6])
+            kwargs.update(seeds=torch.tensor([5, -1, 6]), positions=[0, 0, 0])
         torch.manual_seed(global_seed)
         mixed = RejectionSampler()(q, bonus, p, ids, *args, **kwargs)
         torch.manual_seed(global_seed)
@@ -77,7 +77,12 @@ def test_unseeded_request_of_mixed_verify_equals_single_request_call() -> None:
     for global_seed in range(50):
         torch.manual_seed(global_seed)
         mixed = verify(
-            logits, ids, counts, seeds=[7, None, None], generators={2: torch.Generator()}
+            logits,
+            ids,
+            counts,
+            seeds=[7, None, None],
+            positions=[0, 0, 0],
+            generators={2: torch.Generator()},
         )
         torch.manual_seed(global_seed)
         alone = verify(logits[4:7], ids[3:5], [2])

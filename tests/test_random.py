@@ -185,9 +185,8 @@ def test_seeded_row_is_batch_invariant(with_offsets: bool) -> None:
     def run(
         tensors: list[torch.Tensor], seeds: torch.Tensor, offsets: torch.Tensor
     ) -> torch.Tensor:
-        kwargs = {"seeds": seeds}
-        if with_offsets:
-            kwargs["positions"] = offsets
+        at = offsets if with_offsets else torch.zeros_like(offsets)
+        kwargs = {"seeds": seeds, "positions": at}
         return RejectionSampler()(*tensors, generator=torch.Generator().manual_seed(0), **kwargs)
 
     alone = run(row, seed, offset)
@@ -210,8 +209,10 @@ def test_seeded_row_is_batch_invariant(with_offsets: bool) -> None:
 def test_positions_change_the_draws() -> None:
     inputs = draw_inputs(make_family("random", 4, vocab=8, seed=3), rows=256, seed=4)
     seeds = torch.arange(256)
-    a = RejectionSampler()(*inputs, seeds=seeds)
-    b = RejectionSampler()(*inputs, seeds=seeds, positions=torch.zeros(256, dtype=torch.int64))
+    with pytest.raises(ValueError, match="seeds need positions"):
+        RejectionSampler()(*inputs, seeds=seeds)
+    a = RejectionSampler()(*inputs, seeds=seeds, positions=torch.zeros(256, dtype=torch.int64))
+    b = RejectionSampler()(*inputs, seeds=seeds, positions=[0] * 256)
     c = RejectionSampler()(*inputs, seeds=seeds, positions=torch.full((256,), 5))
     assert torch.equal(a, b)
     assert not torch.equal(a, c)
@@ -252,7 +253,8 @@ def test_host_seeds_take_every_64_bit_value() -> None:
     none = torch.zeros(0, dtype=torch.int64)
 
     def first(seed: int) -> int:
-        return int(verify(logits, none, [0], temperature=1.0, seeds=[seed]).token_ids[0, 0])
+        out = verify(logits, none, [0], temperature=1.0, seeds=[seed], positions=[0])
+        return int(out.token_ids[0, 0])
 
     assert first(2**64 - 1) == first(2**64 - 1)
     assert [first(2**63 + s) for s in range(8)] != [first(s) for s in range(8)]

@@ -15,7 +15,12 @@ import torch
 from specsample.rules.chain import chain_verify
 from specsample.rules.residual import sample_residual, sample_rows
 from specsample.rules.rows import ProbRows
-from specsample.sampler import RejectionSampler, draft_positions, target_argument
+from specsample.sampler import (
+    RejectionSampler,
+    TypicalAcceptanceSampler,
+    draft_positions,
+    target_argument,
+)
 from specsample.testing import draw_inputs, make_family
 
 LARGEST_BELOW_ONE = 1.0 - 2.0**-53
@@ -444,7 +449,7 @@ def test_other_dtypes_through_the_module(dtype: torch.dtype) -> None:
     target, bonus, draft, ids = draw_inputs(make_family("peaked", 3, vocab=9), rows=500, seed=2)
     seeds = torch.arange(500)
     sampler = RejectionSampler(strict_mode=True)
-    out = sampler(target.to(dtype), bonus, draft.to(dtype), ids, seeds=seeds)
+    out = sampler(target.to(dtype), bonus, draft.to(dtype), ids, seeds=seeds, positions=seeds)
     _check_layout(out, ids, 9)
 
 
@@ -472,9 +477,14 @@ def test_non_contiguous_inputs_give_identical_results() -> None:
     one = chain_verify(target[7:8], draft[7:8], ids[7:8], bonus[7:8], uniforms[7:8])
     assert torch.equal(one.token_ids, dense.token_ids[7:8])
     seeds = torch.arange(batch)
-    a = RejectionSampler()(target, bonus, draft, ids, seeds=seeds)
+    a = RejectionSampler()(target, bonus, draft, ids, seeds=seeds, positions=seeds)
     b = RejectionSampler()(
-        target.contiguous(), bonus.contiguous(), draft.contiguous(), ids.contiguous(), seeds=seeds
+        target.contiguous(),
+        bonus.contiguous(),
+        draft.contiguous(),
+        ids.contiguous(),
+        seeds=seeds,
+        positions=seeds,
     )
     assert torch.equal(a, b)
 
@@ -493,9 +503,14 @@ def test_generator_reproducibility() -> None:
 def test_seeded_rows_ignore_the_generator() -> None:
     inputs = draw_inputs(make_family("markov", 3), rows=500, seed=3)
     seeds = torch.arange(500) + 77
-    a = RejectionSampler()(*inputs, seeds=seeds, generator=torch.Generator().manual_seed(1))
-    b = RejectionSampler()(*inputs, seeds=seeds, generator=torch.Generator().manual_seed(2))
-    c = RejectionSampler()(*inputs, seeds=seeds + 1)
+    at = torch.zeros_like(seeds)
+    a = RejectionSampler()(
+        *inputs, seeds=seeds, positions=at, generator=torch.Generator().manual_seed(1)
+    )
+    b = RejectionSampler()(
+        *inputs, seeds=seeds, positions=at, generator=torch.Generator().manual_seed(2)
+    )
+    c = RejectionSampler()(*inputs, seeds=seeds + 1, positions=at)
     assert torch.equal(a, b)
     assert not torch.equal(a, c)
 
@@ -511,8 +526,9 @@ def test_torch_compile_composes() -> None:
     sampler = RejectionSampler()
     module = torch.compile(sampler, backend="eager")
     seeds = torch.arange(64)
-    out = module(target, bonus, draft, ids, seeds=seeds)
-    assert torch.equal(out, RejectionSampler()(target, bonus, draft, ids, seeds=seeds))
+    out = module(target, bonus, draft, ids, seeds=seeds, positions=seeds)
+    expected = RejectionSampler()(target, bonus, draft, ids, seeds=seeds, positions=seeds)
+    assert torch.equal(out, expected)
     assert int(sampler.num_emitted_tokens) == int((out != -1).sum())
 
 
@@ -550,3 +566,14 @@ def test_draft_positions_drops_only_the_bonus_row() -> None:
     assert torch.equal(draft_positions(target, torch.zeros(2, 3, 5)), target[:, :3])
     assert draft_positions(target, torch.zeros(2, 4, 5)) is target
     assert draft_positions(target, torch.zeros(2, 3, 6)) is target
+
+
+def test_constructors_document_themselves() -> None:
+    """``help(RejectionSampler.__init__)`` shows the sampler's parameters, not ``nn.Module``'s."""
+    import inspect
+
+    for cls in (RejectionSampler, TypicalAcceptanceSampler):
+        doc = inspect.getdoc(cls.__init__) or ""
+        assert doc != inspect.getdoc(torch.nn.Module.__init__)
+        assert "strict_mode" in doc and "Parameters" in doc
+    assert "backend" in (inspect.getdoc(RejectionSampler.__init__) or "")

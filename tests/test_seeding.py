@@ -8,16 +8,29 @@ message names the argument. What a Seeding then draws is tested in ``tests/test_
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 
+from specsample import (
+    RejectionSampler,
+    Requests,
+    SamplingParams,
+    verify,
+    verify_padded,
+    verify_tree,
+)
 from specsample.random import Seeding
+from specsample.rules.tree import traversal_verify, tree_verify
 from specsample.seeding import (
     MAX_POSITION,
     check_position_values,
     check_seeding,
     check_seeds,
     positions_from,
+    require_positions,
     seeding_from,
 )
 
@@ -126,3 +139,95 @@ def test_strict_position_check_reads_the_values() -> None:
         check_position_values(torch.tensor([2, -3]))
     with pytest.raises(ValueError, match=r"positions must lie in \[0, 2\*\*40\)"):
         check_position_values(torch.tensor([MAX_POSITION]))
+
+
+# --------------------------------------------------------------------------------------
+# Seeds need positions, at every entry point
+# --------------------------------------------------------------------------------------
+
+
+def test_require_positions_refuses_counter_seeds_only() -> None:
+    seeded = seeding_from(2, CPU, seeds=[3, None])
+    with pytest.raises(ValueError, match=r"seeds need positions.*position 0 again"):
+        require_positions(seeded, None)
+    require_positions(seeded, torch.zeros(2, dtype=torch.int64))
+    require_positions(seeding_from(2, CPU, seeds=[None, -1]), None)
+    require_positions(seeding_from(2, CPU, generators={0: torch.Generator()}), None)
+    device_seeds = seeding_from(2, CPU, seeds=torch.tensor([-1, -1]))
+    with pytest.raises(ValueError, match="seeds need positions"):
+        require_positions(device_seeds, None)
+
+
+def _chain() -> dict[str, Any]:
+    """One request with two drafts, its target rows then its bonus row, as verify takes it."""
+    logits = torch.randn(3, 6, generator=torch.Generator().manual_seed(0))
+    return {"target_logits": logits, "draft_token_ids": torch.tensor([1, 2]), "counts": [2]}
+
+
+def _entry_points() -> dict[str, Callable[..., object]]:
+    """Every public entry point that takes seeds, on one request with seed 5."""
+    chain, cpu = _chain(), torch.device("cpu")
+    logits, ids, counts = chain["target_logits"], chain["draft_token_ids"], chain["counts"]
+    probs = torch.softmax(logits, -1).unsqueeze(0)
+    tree = {
+        "draft_token_ids": torch.tensor([[0, 1, 2]]),
+        "parents": torch.tensor([-1, 0, 0]),
+        "drafting": "deterministic",
+    }
+
+    def by_requests(**at: Any) -> object:
+        requests = Requests.build(1, cpu, SamplingParams(seeds=[5]))
+        return verify(logits, ids, counts, requests=requests, **at)
+
+    def sampler(**at: Any) -> object:
+        bonus = torch.tensor([[0]])
+        return RejectionSampler()(probs, bonus, probs[:, :2], ids.view(1, 2), seeds=[5], **at)
+
+    def rules(**at: Any) -> object:
+        seeding = seeding_from(1, cpu, seeds=[5])
+        return tree_verify(probs, **tree, seeding=seeding, **at)
+
+    def traversal(**at: Any) -> object:
+        tokens, parents = tree["draft_token_ids"], tree["parents"]
+        seeding = seeding_from(1, cpu, seeds=[5])
+        iid = {"drafting": "iid", "draft_probs": probs}
+        return traversal_verify(probs, tokens, parents, **iid, seeding=seeding, **at)
+
+    return {
+        "verify": lambda **at: verify(logits, ids, counts, seeds=[5], **at),
+        "verify_padded": lambda **at: verify_padded(
+            logits.unsqueeze(0), ids.view(1, 2), seeds=[5], **at
+        ),
+        "verify_tree": lambda **at: verify_tree(logits.unsqueeze(0), **tree, seeds=[5], **at),
+        "requests": by_requests,
+        "RejectionSampler": sampler,
+        "tree_verify": rules,
+        "traversal_verify": traversal,
+    }
+
+
+@pytest.mark.parametrize("entry", list(_entry_points()))
+def test_seeds_without_positions_are_refused_at_every_entry_point(entry: str) -> None:
+    """Without positions every step would read position 0's numbers: refused, not defaulted."""
+    call = _entry_points()[entry]
+    with pytest.raises(ValueError, match="seeds need positions"):
+        call()
+    first, again = call(positions=[7]), call(positions=torch.tensor([7]))
+    assert _tokens(first) == _tokens(again)
+
+
+def _tokens(out: object) -> list[int]:
+    """The emitted tokens of any entry point's output."""
+    tensor = out if isinstance(out, torch.Tensor) else out.token_ids  # type: ignore[attr-defined]
+    return list(tensor.tolist())
+
+
+def test_generators_and_unseeded_requests_need_no_positions() -> None:
+    """vLLM's per-request generators (``seeded_seqs``) advance their own state: no positions."""
+    chain = _chain()
+    logits, ids, counts = chain["target_logits"], chain["draft_token_ids"], chain["counts"]
+    verify(logits, ids, counts, generators={0: torch.Generator().manual_seed(1)})
+    verify(logits, ids, counts, seeds=[None])
+    probs = torch.softmax(logits, -1).unsqueeze(0)
+    generators = {0: torch.Generator().manual_seed(1)}
+    RejectionSampler()(probs, torch.tensor([[0]]), probs[:, :2], ids.view(1, 2), generators)

@@ -146,6 +146,17 @@ def test_stats_table_and_merge() -> None:
     assert merged.as_dict()["target_forwards_saved"] == 3
 
 
+def test_stats_table_shows_a_dash_where_a_rate_is_undefined() -> None:
+    """A position never drafted has no acceptance: ``-``, never ``nan``."""
+    counts, offered = (0, 2, 0, 0), (2, 2, 0)
+    stats = GenerationStats("speculative", "model", "chain", 3, 1, 4, 0.0, 2, 2, counts, offered)
+    table = stats.format_table()
+    rows = dict(line.split("  ", 1) for line in table.splitlines())
+    assert "nan" not in table
+    assert rows["acceptance by position"].strip() == "1.000 0.000 -"
+    assert rows["tokens/s"].strip() == "-" and rows["target steps (batched)"].strip() == "2 (-/s)"
+
+
 def test_stats_count_only_the_drafts_offered() -> None:
     """With adaptive lengths a position is offered in fewer forwards than were run."""
     stats = GenerationStats(

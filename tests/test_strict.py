@@ -8,6 +8,7 @@ mode, and without it the same inputs run to completion.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -210,8 +211,9 @@ def test_strict_verify_checks_draft_probabilities_like_the_sampler(
 
     logits = torch.tensor([[0.0, 0.0, -float("inf"), 0.0], [0.0, 0.0, 0.0, 0.0]])
     drafts, probs = torch.tensor([2]), torch.tensor([row])
+    seeded: dict[str, Any] = {"temperature": 1.0, "seeds": [1], "positions": [0]}
     with pytest.raises(ValueError, match=f"draft_probs .*{message}"):
-        verify(logits, drafts, [1], temperature=1.0, draft_probs=probs, strict=True, seeds=[1])
+        verify(logits, drafts, [1], draft_probs=probs, strict=True, **seeded)
     uniform = torch.full((1, 4), 0.25)
-    out = verify(logits, drafts, [1], temperature=1.0, draft_probs=uniform, strict=True, seeds=[1])
+    out = verify(logits, drafts, [1], draft_probs=uniform, strict=True, **seeded)
     assert out.token_ids[0, 0] != 2

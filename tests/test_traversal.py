@@ -537,6 +537,7 @@ def test_uniform_layout_and_seeded_rows() -> None:
         seeding=seeding_from(
             3, cpu, seeds=[5, None, None], generators={1: torch.Generator().manual_seed(42)}
         ),
+        positions=[0, 0, 0],
     )  # fmt: skip
     assert torch.equal(own.token_ids[0], beside.token_ids[1])
 

@@ -47,6 +47,7 @@ from specsample.random import Seeding, Stream, counter_uniform
 from specsample.rules.tree import (
     TREE_STRIDE,
     TreeVerifyResult,
+    traversal_verify,
     tree_bounds,
     tree_uniforms,
     tree_verify,
@@ -811,6 +812,7 @@ def test_own_generator_rows_do_not_depend_on_the_batch() -> None:
             generators={1: torch.Generator().manual_seed(42)},
             generator=torch.Generator().manual_seed(7),
         ),
+        positions=[0, 0, 0],
     )
     alone = tree_verify(
         target[1:2],
@@ -1043,3 +1045,46 @@ def test_strict_value_checks() -> None:
         tree_verify(target, tokens, parents, drafting="iid", draft_probs=nan_draft, strict=True)
     ok = tree_verify(target, tokens, parents, drafting="iid", draft_probs=draft, strict=True)
     assert ok.num_emitted.shape == (2,)
+
+
+def test_bounds_above_the_tree_cost_no_work_and_keep_their_layout() -> None:
+    """On a 5-node tree, ``max_children = 2**20`` (or ``max_depth = 1000``) answers at once
+    (the loops once ran over every slot): the walk is that of the bounds 4, while the output
+    keeps ``max_depth + 1`` columns and the uniforms their layout for the given bounds."""
+    import time
+
+    cpu = torch.device("cpu")
+    parents = torch.tensor([-1, 0, 0, 1, 1])
+    tokens = torch.tensor([[0, 1, 2, 3, 0]] * 3)
+    gen = torch.Generator().manual_seed(0)
+    target = torch.softmax(torch.randn(3, 5, 4, generator=gen), -1)
+    draft = torch.softmax(torch.randn(3, 5, 4, generator=gen), -1)
+    iid = {"drafting": "iid", "draft_probs": draft}
+
+    def timed(call: Callable[..., Any], *bounds: int, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        out = call(target, tokens, parents, max_depth=bounds[0], max_children=bounds[1], **kwargs)
+        assert time.perf_counter() - start < 5.0, bounds
+        assert out.path.shape == out.token_ids.shape == (3, bounds[0] + 1)
+        return out
+
+    for depth, children in ((1, 2**20), (1000, 4)):
+        tight = min(depth, 4), 4
+        u = torch.rand(3, depth * children + 1, dtype=torch.float64, generator=gen)
+        columns = [level * children + j for level in range(tight[0]) for j in range(4)]
+        u_tight = u[:, [*columns, depth * children]]
+        big = timed(tree_verify, depth, children, uniforms=u, **iid)
+        small = tree_verify(
+            target, tokens, parents, max_depth=tight[0], max_children=4, uniforms=u_tight, **iid
+        )
+        assert torch.equal(big.token_ids[:, : tight[0] + 1], small.token_ids)
+        assert bool((big.path[:, tight[0] + 1 :] == -1).all())
+        seeded = {"seeding": seeding_from(3, cpu, seeds=[1, 2, 3]), "positions": [0, 3, 9]}
+        walked = timed(traversal_verify, depth, children, **seeded, **iid)
+        expected = traversal_verify(
+            target, tokens, parents, max_depth=tight[0], max_children=4, **seeded, **iid
+        )
+        assert torch.equal(walked.token_ids[:, : tight[0] + 1], expected.token_ids)
+        greedy = timed(tree_verify_greedy, depth, children)
+        expected = tree_verify_greedy(target, tokens, parents, max_depth=tight[0], max_children=4)
+        assert torch.equal(greedy.token_ids[:, : tight[0] + 1], expected.token_ids)

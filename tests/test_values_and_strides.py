@@ -142,7 +142,8 @@ def test_huge_logit_keeps_its_distribution(backend: str) -> None:
     logits[0, 11] = 3e38
     logits[1, 4] = 3e38
     for seed in range(20):
-        out = verify(logits, torch.tensor([2]), [1], temperature=0.5, seeds=[seed], backend=backend)
+        seeded = {"seeds": [seed], "positions": [0]}
+        out = verify(logits, torch.tensor([2]), [1], temperature=0.5, backend=backend, **seeded)
         assert out.token_ids.tolist() == [[11, -1]]
 
 
@@ -172,6 +173,7 @@ def test_sampled_row_with_plus_infinities_is_uniform_over_them(backend: str) -> 
         torch.zeros(0, dtype=torch.int64),
         [0] * 2000,
         seeds=list(range(2000)),
+        positions=[0] * 2000,
         backend=backend,
     )
     tokens = out.token_ids[:, 0]

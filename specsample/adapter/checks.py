@@ -2,8 +2,9 @@
 
 The check (:func:`specsample.adapter.lm.check_masked_cache`) compares a model's logits
 through the loop's cache with its own; here are its tolerance by dtype (:func:`tolerance`),
-the diagnosis of attention that turns padding into NaN, and the record of the models that
-passed (:func:`passed`, :func:`remember`), so each is checked once.
+the diagnosis of NaN logits (:func:`nan_diagnosis`: broken weights, or attention that turns
+padding into NaN), and the record of the models that passed (:func:`passed`,
+:func:`remember`), so each is checked once.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import weakref
 from typing import Any
 
 import torch
+
+from specsample.adapter.config import text_config
 
 _CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
 """Models that passed the masked-cache check (checked once per model object)."""
@@ -55,3 +58,59 @@ def nan_when_padded(model: Any, tokens: torch.Tensor) -> bool:
     with torch.inference_mode():
         logits = model(input_ids=padded, attention_mask=mask).logits
     return bool(logits[:, 1:].isnan().any())
+
+
+def nan_unpadded(model: Any, tokens: torch.Tensor) -> bool:
+    """Whether ``model`` gives NaN logits for ``tokens [1, n]`` alone: no padding, no cache."""
+    with torch.inference_mode():
+        logits = model(input_ids=tokens, attention_mask=torch.ones_like(tokens)).logits
+    return bool(logits.isnan().any())
+
+
+def nan_diagnosis(model: Any, tokens: torch.Tensor, role: str) -> str | None:
+    """Why ``model`` gave NaN logits through the cache, when it does without it too.
+
+    A model that returns NaN for the plain input ``tokens [1, n]`` is broken itself (its
+    weights, named when one holds NaN or infinity); one that does only behind a padding
+    slot has attention that turns a slot attending to nothing into NaN. ``None``: neither,
+    the cache is at fault (the caller reports it).
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> class Model(torch.nn.Linear):
+    ...     def forward(self, input_ids, attention_mask):
+    ...         return SimpleNamespace(logits=super().forward(input_ids[..., None].float()))
+    >>> model = Model(1, 4)
+    >>> _ = model.weight.data.fill_(float("nan"))
+    >>> nan_diagnosis(model, torch.tensor([[1, 2]]), "draft")  # doctest: +ELLIPSIS
+    'the draft model returns NaN logits for a plain input ...(the first: weight); load ...'
+    """
+    if nan_unpadded(model, tokens):
+        bad = next(
+            (
+                name
+                for name, parameter in model.named_parameters()
+                if parameter.is_floating_point() and not bool(parameter.isfinite().all())
+            ),
+            None,
+        )
+        where = (
+            f"its weights hold NaN or infinity (the first: {bad})"
+            if bad is not None
+            else "its weights or its computation overflow"
+        )
+        return (
+            f"the {role} model returns NaN logits for a plain input (no padding, no cache): "
+            f"the model itself is broken, {where}; load intact weights"
+        )
+    if not nan_when_padded(model, tokens):
+        return None
+    implementation = getattr(text_config(model), "_attn_implementation", None)
+    return (
+        f"the {role} model returns NaN for a left-padded input even without a cache "
+        f"(attention {implementation!r}, {getattr(model, 'dtype', 'unknown dtype')}): "
+        "a padding slot that attends to nothing turns its softmax into NaN, as "
+        "transformers' own padded batches do; load the model with "
+        "attn_implementation='sdpa' or in float32"
+    )

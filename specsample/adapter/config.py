@@ -2,8 +2,9 @@
 
 :func:`text_config` finds the decoder's config, :func:`vocab_size` the width of its logits,
 :func:`attention_window` how its layers attend (refusing the kinds the loop cannot honour:
-GPT-Neo's local layers, whose window is a fixed slot-indexed buffer; chunked or linear
-attention) and :func:`cache_argument` the keyword its forward takes a cache by.
+GPT-Neo's local layers, whose window is a fixed slot-indexed buffer; chunked attention;
+recurrent and state-space models, :func:`recurrent_kind`) and :func:`cache_argument` the
+keyword its forward takes a cache by.
 """
 
 from __future__ import annotations
@@ -14,6 +15,28 @@ from typing import Any, NamedTuple
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 """``transformers``' names of the two layer types the loop serves (``config.layer_types``)."""
+
+RECURRENT = "linear_attention"
+"""``transformers``' layer type of every layer that carries a state from token to token
+(Mamba blocks, RG-LRU, linear attention), whatever the layer computes."""
+
+_MAMBA, _HYBRID = "a state-space (Mamba) model", "a hybrid of attention and state-space (Mamba)"
+RECURRENT_MODELS = {
+    "mamba": _MAMBA,
+    "mamba2": _MAMBA,
+    "falcon_mamba": _MAMBA,
+    "bamba": f"{_HYBRID} layers",
+    "falcon_h1": f"{_HYBRID} layers",
+    "granitemoehybrid": f"{_HYBRID} layers",
+    "jamba": f"{_HYBRID} layers",
+    "nemotron_h": f"{_HYBRID} layers",
+    "zamba": f"{_HYBRID} layers",
+    "zamba2": f"{_HYBRID} layers",
+    "recurrent_gemma": "a recurrent model (Griffin's RG-LRU layers beside local attention)",
+    "rwkv": "a recurrent model (RWKV)",
+    "xlstm": "a recurrent model (xLSTM)",
+}
+"""What each recurrent or state-space ``model_type`` of ``transformers`` is, for messages."""
 
 
 def text_config(model: Any) -> Any:
@@ -90,6 +113,30 @@ class AttentionWindow(NamedTuple):
     hybrid: bool
 
 
+def recurrent_kind(config: Any) -> str | None:
+    """What a recurrent or state-space model is, in words; ``None`` for any other model.
+
+    Such a model carries a state from token to token (its ``layer_types`` say
+    ``"linear_attention"``, or its ``model_type`` is one of :data:`RECURRENT_MODELS`).
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> recurrent_kind(SimpleNamespace(model_type="mamba", layer_types=["linear_attention"]))
+    'a state-space (Mamba) model'
+    >>> recurrent_kind(SimpleNamespace(model_type="qwen3_next", layer_types=["linear_attention"]))
+    'a model with linear-attention layers (qwen3_next)'
+    >>> recurrent_kind(SimpleNamespace(model_type="llama")) is None
+    True
+    """
+    model_type = getattr(config, "model_type", None)
+    if model_type in RECURRENT_MODELS:
+        return RECURRENT_MODELS[model_type]
+    if RECURRENT in (getattr(config, "layer_types", None) or ()):
+        return f"a model with linear-attention layers ({model_type})"
+    return None
+
+
 def attention_window(config: Any, role: str = "target") -> AttentionWindow:
     """Read a model config's attention layers; refuse the kinds the loop cannot honour.
 
@@ -103,8 +150,9 @@ def attention_window(config: Any, role: str = "target") -> AttentionWindow:
     Raises
     ------
     ValueError
-        Naming the layer type: GPT-Neo's ``local`` layers, a ``layer_types`` entry other
-        than full or sliding attention, or a sliding layer without a positive window.
+        Naming what is refused: a recurrent or state-space model (:func:`recurrent_kind`),
+        GPT-Neo's ``local`` layers, a ``layer_types`` entry other than full or sliding
+        attention, or a sliding layer without a positive window.
 
     Examples
     --------
@@ -117,6 +165,14 @@ def attention_window(config: Any, role: str = "target") -> AttentionWindow:
     >>> attention_window(SimpleNamespace(layer_types=["full_attention"], sliding_window=512))
     AttentionWindow(window=None, hybrid=False)
     """
+    recurrent = recurrent_kind(config)
+    if recurrent is not None:
+        raise ValueError(
+            f"the {role} model is {recurrent}, whose layers carry a recurrent state from "
+            "token to token: the speculative loop does not support such models (it drops "
+            "rejected drafts by masking their cache slots, which a recurrent state cannot "
+            "undo); it serves attention models (full or sliding-window attention)"
+        )
     local = [t for t in getattr(config, "attention_layers", None) or () if t != "global"]
     if local:
         raise ValueError(

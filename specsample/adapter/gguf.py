@@ -1,16 +1,20 @@
-"""What a GGUF file says about itself, read from its header without loading its tensors.
+"""What a GGUF file says about itself: its metadata and tensor table, without its tensor data.
 
-:func:`read_gguf_header` gives a file's format version, architecture and how many tensors
-it stores in each type; :attr:`GgufHeader.quantized` tells whether any is quantized
-(``Q4_1``, ``Q8_0``, ...) rather than a plain float.
+:func:`read_gguf` parses the start of a GGUF file: the format version, every metadata value
+and, for each tensor, its name, shape, type and where its data lies (:class:`GgufFile`).
+:func:`read_gguf_header` sums it up: architecture and how many tensors the file stores in
+each type; :attr:`GgufHeader.quantized` tells whether any is quantized (``Q4_1``, ``Q8_0``,
+...) rather than a plain float. The tensor data is read by
+:mod:`specsample.adapter.gguf_load`, decoded by :mod:`specsample.adapter.gguf_quants`.
 """
 
 from __future__ import annotations
 
+import mmap
 import struct
 from collections import Counter
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import Any, NamedTuple
 
 GGUF_MAGIC = b"GGUF"
 """The first four bytes of every GGUF file."""
@@ -18,10 +22,75 @@ GGUF_MAGIC = b"GGUF"
 FLOAT_TYPES = frozenset(("F32", "F16", "BF16", "F64"))
 """GGUF tensor types that are plain floats; every other float type is quantized."""
 
-_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-"""Size of each fixed-size GGUF metadata value type (8 is a string, 9 an array)."""
+GGML_TYPES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1",
+    10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS",
+    17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S",
+    23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M",
+    30: "BF16", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4",
+}  # fmt: skip
+"""The name of each GGML tensor type, by the number a GGUF file stores it under."""
+
+_SCALARS = {
+    0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"
+}  # fmt: skip
+"""The :mod:`struct` code of each fixed-size metadata value type (8 is a string, 9 an array)."""
 
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
+_DEFAULT_ALIGNMENT = 32
+"""Where the tensor data starts, and each tensor in it, unless ``general.alignment`` says."""
+
+
+class GgufTensor(NamedTuple):
+    """One tensor of a GGUF file (:attr:`GgufFile.tensors`).
+
+    Attributes
+    ----------
+    name : str
+        The tensor's GGUF name (``"blk.0.attn_q.weight"``).
+    shape : tuple of int
+        Outermost dimension first, as torch orders it (GGUF stores them the other way round).
+    kind : str
+        Its type's name (:data:`GGML_TYPES`): ``"F32"``, ``"Q4_1"``, ...
+    offset : int
+        Where its data starts, in bytes from the start of the file.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    kind: str
+    offset: int
+
+
+class GgufFile(NamedTuple):
+    """What a GGUF file holds apart from its tensor data (:func:`read_gguf`).
+
+    Attributes
+    ----------
+    path : Path
+        The file.
+    version : int
+        The format version (2 or 3).
+    metadata : dict of str to object
+        Every metadata value by key: an int, float, bool or str, or a list of them.
+    tensors : tuple of GgufTensor
+        The tensor table, in file order.
+    file_bytes : int
+        Size of the file.
+    """
+
+    path: Path
+    version: int
+    metadata: dict[str, Any]
+    tensors: tuple[GgufTensor, ...]
+    file_bytes: int
+
+    @property
+    def architecture(self) -> str | None:
+        """``general.architecture`` (``"llama"``, ...), ``None`` when the file does not say."""
+        value = self.metadata.get("general.architecture")
+        return value if isinstance(value, str) else None
 
 
 class GgufHeader(NamedTuple):
@@ -50,56 +119,75 @@ class GgufHeader(NamedTuple):
         return any(name not in FLOAT_TYPES for name in self.tensor_types)
 
 
-class _Reader:
-    """Sequential little-endian reads from a GGUF file, refusing one that ends early."""
+class _Parser:
+    """Little-endian reads from the start of a GGUF file, refusing one that ends early."""
 
-    def __init__(self, file: BinaryIO, path: Path) -> None:
-        self.file = file
+    def __init__(self, data: bytes | mmap.mmap, path: Path) -> None:
+        self.data = data
         self.path = path
+        self.pos = 0
+
+    def _cut(self) -> ValueError:
+        return ValueError(f"GGUF file ends inside its header: {self.path}")
+
+    def unpack(self, fmt: str) -> tuple[Any, ...]:
+        try:
+            values = struct.unpack_from(fmt, self.data, self.pos)
+        except struct.error:
+            raise self._cut() from None
+        self.pos += struct.calcsize(fmt)
+        return values
 
     def bytes(self, size: int) -> bytes:
-        data = self.file.read(size)
-        if len(data) != size:
-            raise ValueError(f"GGUF file ends inside its header: {self.path}")
-        return data
-
-    def u32(self) -> int:
-        return int(struct.unpack("<I", self.bytes(4))[0])
-
-    def u64(self) -> int:
-        return int(struct.unpack("<Q", self.bytes(8))[0])
+        end = self.pos + size
+        if end > len(self.data):
+            raise self._cut()
+        data = self.data[self.pos : end]
+        self.pos = end
+        return bytes(data)
 
     def string(self) -> str:
-        return self.bytes(self.u64()).decode("utf-8", errors="replace")
+        return self.bytes(self.unpack("<Q")[0]).decode("utf-8", errors="replace")
 
-    def skip_value(self, kind: int) -> None:
+    def strings(self, count: int) -> list[str]:
+        """``count`` strings in a row: the loop a vocabulary of many thousand tokens takes."""
+        data, pos, size, unpack = self.data, self.pos, len(self.data), _U64.unpack_from
+        values = []
+        try:
+            for _ in range(count):
+                end = pos + 8 + unpack(data, pos)[0]
+                values.append(data[pos + 8 : end].decode("utf-8", errors="replace"))
+                pos = end
+        except struct.error:
+            raise self._cut() from None
+        if pos > size:
+            raise self._cut()
+        self.pos = pos
+        return values
+
+    def value(self, kind: int) -> Any:
+        if kind in _SCALARS:
+            return self.unpack("<" + _SCALARS[kind])[0]
         if kind == _STRING:
-            self.file.seek(self.u64(), 1)
-        elif kind == _ARRAY:
-            item, count = self.u32(), self.u64()
-            if item in _SCALAR_BYTES:
-                self.file.seek(count * _SCALAR_BYTES[item], 1)
-            else:
-                for _ in range(count):
-                    self.skip_value(item)
-        elif kind in _SCALAR_BYTES:
-            self.file.seek(_SCALAR_BYTES[kind], 1)
-        else:
+            return self.string()
+        if kind != _ARRAY:
             raise ValueError(f"GGUF file holds a value of unknown type {kind}: {self.path}")
+        item, count = self.unpack("<IQ")
+        if item in _SCALARS:
+            return list(self.unpack(f"<{count}{_SCALARS[item]}"))
+        if item == _STRING:
+            return self.strings(count)
+        return [self.value(item) for _ in range(count)]
+
+    def tensor(self) -> tuple[str, tuple[int, ...], str, int]:
+        name = self.string()
+        dims = self.unpack(f"<{self.unpack('<I')[0]}Q")
+        code, offset = self.unpack("<IQ")
+        return name, tuple(reversed(dims)), GGML_TYPES.get(code, f"type {code}"), offset
 
 
-def _type_name(code: int) -> str:
-    """The name of a GGML tensor type (``"Q4_1"``), from the ``gguf`` package when installed."""
-    try:
-        from gguf import GGMLQuantizationType
-
-        return str(GGMLQuantizationType(code).name)
-    except (ImportError, ValueError):
-        return f"type {code}"
-
-
-def read_gguf_header(path: str | Path) -> GgufHeader:
-    """Read a GGUF file's version, architecture and tensor types, without its tensors.
+def read_gguf(path: str | Path) -> GgufFile:
+    """Read a GGUF file's version, metadata and tensor table, without its tensor data.
 
     Parameters
     ----------
@@ -108,7 +196,7 @@ def read_gguf_header(path: str | Path) -> GgufHeader:
 
     Returns
     -------
-    GgufHeader
+    GgufFile
 
     Raises
     ------
@@ -119,25 +207,42 @@ def read_gguf_header(path: str | Path) -> GgufHeader:
     """
     path = Path(path)
     with path.open("rb") as file:
-        reader = _Reader(file, path)
-        if reader.bytes(4) != GGUF_MAGIC:
-            raise ValueError(f"not a GGUF file: {path}")
-        version = reader.u32()
-        if version not in (2, 3):
-            raise ValueError(f"GGUF file of unsupported version {version}: {path}")
-        tensors, entries = reader.u64(), reader.u64()
-        architecture = None
-        for _ in range(entries):
-            key, kind = reader.string(), reader.u32()
-            if key == "general.architecture" and kind == _STRING:
-                architecture = reader.string()
-            else:
-                reader.skip_value(kind)
-        types: Counter[str] = Counter()
-        for _ in range(tensors):
-            reader.string()
-            dims = reader.u32()
-            reader.bytes(8 * dims)
-            types[_type_name(reader.u32())] += 1
-            reader.u64()
-    return GgufHeader(version, architecture, dict(types.most_common()), path.stat().st_size)
+        size = path.stat().st_size
+        data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        try:
+            return _parse(_Parser(data, path), size)
+        finally:
+            if isinstance(data, mmap.mmap):
+                data.close()
+
+
+def _parse(parser: _Parser, size: int) -> GgufFile:
+    """The :class:`GgufFile` the parser's file holds."""
+    path = parser.path
+    if parser.bytes(4) != GGUF_MAGIC:
+        raise ValueError(f"not a GGUF file: {path}")
+    version = parser.unpack("<I")[0]
+    if version not in (2, 3):
+        raise ValueError(f"GGUF file of unsupported version {version}: {path}")
+    count, entries = parser.unpack("<QQ")
+    metadata = {}
+    for _ in range(entries):
+        key = parser.string()
+        metadata[key] = parser.value(parser.unpack("<I")[0])
+    table = [parser.tensor() for _ in range(count)]
+    alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
+    start = -(-parser.pos // alignment) * alignment
+    tensors = tuple(
+        GgufTensor(name, shape, kind, start + offset) for name, shape, kind, offset in table
+    )
+    return GgufFile(path, version, metadata, tensors, size)
+
+
+def read_gguf_header(path: str | Path) -> GgufHeader:
+    """Read a GGUF file's version, architecture and tensor types, without its tensors.
+
+    The file is read by :func:`read_gguf`, which raises what it raises.
+    """
+    file = read_gguf(path)
+    types = Counter(tensor.kind for tensor in file.tensors)
+    return GgufHeader(file.version, file.architecture, dict(types.most_common()), file.file_bytes)

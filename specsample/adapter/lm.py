@@ -314,20 +314,14 @@ def check_masked_cache(model: Any, *, role: str = "target", atol: float | None =
     Raises
     ------
     ValueError
-        The model ignores the mask or the position ids, or returns NaN for a left-padded
-        input even without a cache.
+        The model ignores the mask or the position ids, returns NaN for a plain input
+        (broken weights), or returns NaN for a left-padded input even without a cache.
     """
     got, reference, tokens = _probe(CachedLM(model, role=role, check=False, fused=False))
     error = float((got - reference).abs().max())
-    if math.isnan(error) and checks.nan_when_padded(model, tokens):
-        implementation = getattr(text_config(model), "_attn_implementation", None)
-        raise ValueError(
-            f"the {role} model returns NaN for a left-padded input even without a cache "
-            f"(attention {implementation!r}, {getattr(model, 'dtype', 'unknown dtype')}): "
-            "a padding slot that attends to nothing turns its softmax into NaN, as "
-            "transformers' own padded batches do; load the model with "
-            "attn_implementation='sdpa' or in float32"
-        )
+    diagnosis = checks.nan_diagnosis(model, tokens, role) if math.isnan(error) else None
+    if diagnosis is not None:
+        raise ValueError(diagnosis)
     if not error <= checks.tolerance(model, reference, atol):
         raise ValueError(
             f"the {role} model does not honour attention_mask and position_ids with a cache "

@@ -8,23 +8,28 @@ path and what was expected. :func:`from_pretrained_options` gives the keyword ar
 :func:`load_tokenizer` load one, :func:`check_same_tokenizer` checks that a target and a
 draft tokenize alike, and :func:`default_pair` finds the shipped default pair.
 
-A GGUF file is loaded by transformers' own GGUF support (it needs the ``gguf`` and
-``accelerate`` packages, both in the ``hf`` extra): quantized tensors (``Q4_1``, ``Q8_0``,
-...) are dequantized to a dense model at load time, so the model takes the memory of its
-unquantized parameters. :func:`describe_model` says in one line what was loaded (for a GGUF
-file, what it stores: :func:`specsample.adapter.gguf.read_gguf_header`).
+A GGUF file (it needs the ``gguf`` and ``accelerate`` packages, both in the ``hf`` extra)
+is loaded by :mod:`specsample.adapter.gguf_load` when it is of an architecture that module
+knows (``llama``) with tensors of types it decodes, else by transformers' own GGUF support:
+quantized tensors (``Q4_1``, ``Q8_0``, ...) are dequantized to a dense float32 model at
+load time, so the model takes the memory of its unquantized parameters. Loading is quiet:
+transformers' progress bars are off while it runs. :func:`describe_model` says in one line
+what was loaded (for a GGUF file, what it stores:
+:func:`specsample.adapter.gguf.read_gguf_header`).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from specsample import models
-from specsample.adapter.gguf import GGUF_MAGIC, read_gguf_header
+from specsample.adapter.gguf import GGUF_MAGIC, GgufFile, read_gguf, read_gguf_header
+from specsample.extras import install_command
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 """Files of which a tokenizer directory must hold at least one."""
@@ -146,7 +151,7 @@ def require_gguf() -> None:
     if missing:
         raise ImportError(
             f"loading a .gguf file needs the {' and '.join(missing)} package"
-            f"{'s' if len(missing) > 1 else ''}; install with: pip install 'specsample[hf]'"
+            f"{'s' if len(missing) > 1 else ''}; install with: {install_command('hf')}"
         )
 
 
@@ -180,8 +185,9 @@ def from_pretrained_options(source: ModelSource, *, model: bool = True) -> dict[
 def load_model(path: str | Path, *, role: str = "target") -> Any:
     """Load a causal LM from a local model directory or GGUF file (never from a hub), in eval mode.
 
-    A ``.gguf`` file is loaded by transformers' GGUF support, which dequantizes quantized
-    tensors to a dense model.
+    A ``.gguf`` file's quantized tensors are dequantized to a dense float32 model, by
+    :func:`specsample.adapter.gguf_load.load_gguf_model` where it loads the file, else by
+    transformers' GGUF support.
 
     Parameters
     ----------
@@ -194,18 +200,61 @@ def load_model(path: str | Path, *, role: str = "target") -> Any:
     ------
     ValueError
         ``path`` is neither a directory holding a ``config.json`` nor a GGUF file (the
-        message names it and what was expected).
+        message names it and what was expected); or its ``.safetensors`` weights cannot be
+        read (a truncated or corrupted file: the message names the model, ``role``, and the
+        file).
     ImportError
         ``path`` is a GGUF file and the ``gguf`` or ``accelerate`` package is missing.
     """
     source = model_source(path, role=role)
-    if source.is_gguf:
-        require_gguf()
-    from transformers import AutoModelForCausalLM
+    file = _own_gguf(source)
+    with _quiet_progress():
+        if file is not None:
+            from specsample.adapter.gguf_load import load_gguf_model
 
-    options = from_pretrained_options(source)
-    model = AutoModelForCausalLM.from_pretrained(source.directory, **options)
+            return load_gguf_model(file)
+        from safetensors import SafetensorError
+        from transformers import AutoModelForCausalLM
+
+        options = from_pretrained_options(source)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(source.directory, **options)
+        except SafetensorError as error:
+            raise unreadable_weights(source.directory, role, error) from error
     return model.eval()
+
+
+def unreadable_weights(directory: Path, role: str, error: Exception) -> ValueError:
+    """The error for weights safetensors cannot read: it names the model and the file(s).
+
+    Every ``.safetensors`` file of ``directory`` whose header does not read is named (all of
+    them when none is found at fault).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     _ = (Path(folder) / "model.safetensors").write_bytes(b"cut")
+    ...     print(unreadable_weights(Path(folder), "draft", OSError("header too small")))
+    ... # doctest: +ELLIPSIS
+    the draft model's weights cannot be read: .../model.safetensors is truncated or corrupted ...
+    """
+    from safetensors import SafetensorError, safe_open
+
+    files = sorted(directory.glob("*.safetensors"))
+    broken = []
+    for file in files:
+        try:
+            with safe_open(str(file), "pt"):
+                pass
+        except SafetensorError:
+            broken.append(file)
+    named = ", ".join(str(file) for file in broken or files) or f"the weights in {directory}"
+    return ValueError(
+        f"the {role} model's weights cannot be read: {named} "
+        f"{'is' if len(broken or files) == 1 else 'are'} truncated or corrupted ({error}); "
+        "copy or download the file again"
+    )
 
 
 def load_tokenizer(path: str | Path, *, role: str = "target") -> Any:
@@ -227,12 +276,42 @@ def load_tokenizer(path: str | Path, *, role: str = "target") -> Any:
         ``path`` is a GGUF file and the ``gguf`` or ``accelerate`` package is missing.
     """
     source = model_source(path, role=role, part="tokenizer")
-    if source.is_gguf:
-        require_gguf()
-    from transformers import AutoTokenizer
+    file = _own_gguf(source)
+    with _quiet_progress():
+        if file is not None:
+            from specsample.adapter.gguf_load import load_gguf_tokenizer
 
-    options = from_pretrained_options(source, model=False)
-    return AutoTokenizer.from_pretrained(source.directory, **options)
+            return load_gguf_tokenizer(file)
+        from transformers import AutoTokenizer
+
+        options = from_pretrained_options(source, model=False)
+        return AutoTokenizer.from_pretrained(source.directory, **options)
+
+
+def _own_gguf(source: ModelSource) -> GgufFile | None:
+    """The parsed GGUF file when :mod:`~specsample.adapter.gguf_load` loads it, else ``None``
+    (a model directory, or a file left to transformers' GGUF loader)."""
+    if source.gguf_file is None:
+        return None
+    require_gguf()
+    from specsample.adapter.gguf_load import loads_itself
+
+    file = read_gguf(source.gguf_file)
+    return file if loads_itself(file) else None
+
+
+@contextmanager
+def _quiet_progress() -> Iterator[None]:
+    """transformers' progress bars off while loading, back as they were after."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def check_same_tokenizer(
@@ -323,5 +402,5 @@ def describe_model(model: Any, source: ModelSource) -> str:
     stored = ", ".join(f"{name} x{n}" for name, n in header.tensor_types.items())
     text += f"; from a GGUF file of {_megabytes(header.file_bytes)} (tensors {stored})"
     if header.quantized:
-        text += f", dequantized to {dtype} by transformers"
+        text += f", dequantized to {dtype} at load"
     return text

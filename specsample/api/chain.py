@@ -25,9 +25,10 @@ Every call runs the pipeline of :mod:`specsample.pipeline` on the backend of
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
+from typing_extensions import Unpack
 
 from specsample import backends, pipeline
 from specsample.api.options import VerifyOptions, check_names, requests_from
@@ -49,9 +50,6 @@ from specsample.plan import LogitsStep, Plan
 from specsample.random import STEP_STRIDE
 from specsample.seeding import check_position_values
 from specsample.shared import unit_columns
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
 
 
 class VerifyOutput(NamedTuple):
@@ -127,7 +125,7 @@ def verify(
         Verification rule, one of :func:`specsample.methods.chain_methods` ``(lossy=True)``;
         ``"typical"`` (Medusa's typical acceptance) is LOSSY and needs the bonus rows.
     backend : str
-        ``"auto"``, ``"torch"`` or ``"triton"`` (see :mod:`specsample.backends`).
+        ``"auto"``, ``"torch"``, ``"triton"`` or ``"cpu"`` (see :mod:`specsample.backends`).
     return_logprobs : bool
         Also return the log-probabilities of the emitted tokens (needs the bonus rows).
     strict : bool
@@ -146,9 +144,9 @@ def verify(
 
         ``seeds`` (sequence of int or None, or tensor): ``[batch]`` per-request seeds:
         host ints in ``[0, 2**64)`` (None or -1: unseeded), or an int64 or int32 tensor
-        (negative: unseeded) on the CPU or the batch's device. A seeded request's output
-        depends only on its seed, its ``positions`` entry and its own rows: not on its
-        index or on the other requests.
+        (negative: unseeded) on the CPU or the batch's device, always with ``positions``.
+        A seeded request's output depends only on its seed, its ``positions`` entry and
+        its own rows: not on its index or on the other requests.
 
         ``generators`` (dict of int to torch.Generator): per-request generators (vLLM's
         ``generators``): request ``i`` draws all its numbers from ``generators[i]``.
@@ -157,11 +155,12 @@ def verify(
         consume it.
 
         ``positions`` (sequence of int or tensor): ``[batch]`` absolute position of each
-        request's first draft in its sequence (the number of tokens before it; default 0),
-        in ``[0, 2**40)``: host ints or an int64 or int32 tensor on the CPU or the batch's
-        device. A seeded step reads the counters of its position's stripe (see
-        :mod:`specsample.random`), so counters never repeat along a sequence whatever draft
-        count each step uses. Also allowed beside ``requests`` (it moves them).
+        request's first draft in its sequence (the number of tokens before it), in
+        ``[0, 2**40)``: host ints or an int64 or int32 tensor on the CPU or the batch's
+        device. Required with ``seeds`` (a ValueError otherwise). A seeded step reads the
+        counters of its position's stripe (see :mod:`specsample.random`), so counters never
+        repeat along a sequence whatever draft count each step uses. Also allowed beside
+        ``requests`` (it moves them).
 
         ``uniforms`` (tensor): ``[batch, max_drafts + 1]`` float64 uniforms to use instead
         of drawing them (the ``max_drafts`` accept tests, then the final draw).
@@ -222,7 +221,15 @@ def verify(
             target_logits, draft_token_ids, layout, requests, backend=chosen
         )
     else:
-        plan = _plan(target_logits, layout, requests, uniforms, strict, need_norm=return_logprobs)
+        plan = _plan(
+            target_logits,
+            layout,
+            requests,
+            uniforms,
+            strict,
+            need_norm=return_logprobs,
+            backend=chosen,
+        )
         step = LogitsStep(
             target_logits, draft_token_ids, plan, method, bonus_token_ids=bonus, **drafts
         )
@@ -231,7 +238,9 @@ def verify(
     if not return_logprobs:
         return VerifyOutput(token_ids, num_accepted, None)
     if stats is None:
-        stats = pipeline.target_stats(target_logits, layout, requests, need_norm=True)
+        stats = pipeline.target_stats(
+            target_logits, layout, requests, need_norm=True, backend=chosen
+        )
     logprobs = pipeline.emitted_logprobs(target_logits, layout, stats, token_ids, backend=chosen)
     return VerifyOutput(token_ids, num_accepted, logprobs)
 
@@ -244,10 +253,11 @@ def _plan(
     strict: bool,
     *,
     need_norm: bool,
+    backend: str,
 ) -> Plan:
     """The step's plan; with ``strict``, given uniforms are checked too."""
     plan = pipeline.plan_logits(
-        target_logits, layout, requests, uniforms=uniforms, need_norm=need_norm
+        target_logits, layout, requests, uniforms=uniforms, need_norm=need_norm, backend=backend
     )
     if strict and uniforms is not None:
         check_uniform_values(plan.uniforms)

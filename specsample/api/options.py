@@ -23,7 +23,7 @@ import torch
 
 from specsample.metadata import Scalars
 from specsample.params import Ints, Requests, SamplingParams, Seeds
-from specsample.seeding import positions_from
+from specsample.seeding import positions_from, require_positions
 
 
 class RequestOptions(TypedDict, total=False):
@@ -78,13 +78,30 @@ def requests_from(
     TypeError
         ``requests`` that is not a :class:`~specsample.params.Requests`.
     ValueError
-        Sampling keywords beside ``requests``; ``requests`` of another batch size or device.
+        Sampling keywords beside ``requests``; ``requests`` of another batch size or device;
+        counter-seeded requests without positions (see
+        :func:`specsample.seeding.require_positions`).
     """
     given = {name: options[name] for name in SamplingParams.names() if name in options}
     positions = options.get("positions")
     if requests is None:
         params = SamplingParams(**given)
-        return Requests.build(batch, device, params, positions=positions, strict=strict)
+        built = Requests.build(batch, device, params, positions=positions, strict=strict)
+    else:
+        built = _moved(requests, given, positions, batch, device)
+    require_positions(built.seeding, built.positions)
+    return built
+
+
+def _moved(
+    requests: object,
+    given: Mapping[str, object],
+    positions: Ints | None,
+    batch: int,
+    device: torch.device,
+) -> Requests:
+    """A caller's ``requests``, checked against the batch and the other keywords ``given``,
+    at ``positions`` when given."""
     if not isinstance(requests, Requests):
         raise TypeError(f"requests must be a Requests, got {type(requests).__name__}")
     if given:

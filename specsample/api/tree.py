@@ -10,9 +10,8 @@ path down the tree and emits one more token, through the same pipeline and backe
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
+from typing_extensions import Unpack
 
 from specsample import backends, pipeline
 from specsample.api.options import RequestOptions, check_names, requests_from
@@ -21,9 +20,6 @@ from specsample.methods import check_method, check_traversal_drafting, tree_meth
 from specsample.params import DraftTree, Requests
 from specsample.plan import TreeStep
 from specsample.shared import TreeVerifyResult, unit_columns
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
 
 
 def verify_tree(
@@ -68,10 +64,12 @@ def verify_tree(
         How the children were drafted: ``"iid"``, ``"without_replacement"`` or
         ``"deterministic"`` (see :mod:`specsample.rules.tree`).
     backend : str
-        ``"auto"``, ``"torch"`` or ``"triton"`` (see :mod:`specsample.backends`; every
+        ``"auto"``, ``"torch"``, ``"triton"`` or ``"cpu"`` (see :mod:`specsample.backends`; every
         backend runs the tree rules in PyTorch for now).
     max_depth, max_children : int, optional
-        Loop bounds: the deepest level and the most children tried per node.
+        Loop bounds: the deepest level and the most children tried per node (smaller
+        values than the tree's truncate it; larger ones than ``nodes - 1`` cost no more
+        work than ``nodes - 1``, they set only the output's and the uniforms' layout).
     strict : bool
         Also check values (synchronises with the device).
     **options

@@ -15,8 +15,9 @@ tree step) and the log-probabilities of emitted tokens. Every entry point reache
 :mod:`specsample.pipeline` and :func:`get`, so a kernel takes over a kind of step by filling
 its slot here. The Triton backend has kernels for the chain and block steps; its typical,
 tree and log-probability slots run the PyTorch code (:mod:`~specsample.backends.lossy`,
-:mod:`~specsample.backends.trees`) until kernels exist for them. The CPU backend has a kernel
-for the chain rule on probabilities; its other slots run the PyTorch code.
+:mod:`~specsample.backends.trees`) until kernels exist for them. The CPU backend has kernels
+for the chain rule on probabilities and on logits, and for the statistics of rows processed
+with a temperature alone; its other slots run the PyTorch code.
 
 Given the same uniforms, every backend returns the same tokens.
 
@@ -38,8 +39,10 @@ import torch
 
 from specsample import kernels
 from specsample.backends import cpu, eager, lossy, trees, triton
+from specsample.extras import install_command
 from specsample.native import jit
-from specsample.shared import TreeVerifyResult, VerifyResult
+from specsample.probs import RowStats
+from specsample.shared import PaddedRule, TreeVerifyResult
 
 BACKENDS = ("auto", "torch", "triton", "cpu")
 """The names :func:`resolve` accepts."""
@@ -65,24 +68,43 @@ class Backend(NamedTuple):
         A tree step (:func:`specsample.backends.trees.verify_tree`).
     log_q : callable
         ``log q`` of tokens at target rows (:func:`specsample.backends.eager.log_q`).
+    row_stats : callable
+        ``row_stats(logits, sampling, need_norm=...)``: the statistics of processed rows
+        that a step's plan holds (:func:`specsample.backends.eager.row_stats`).
     """
 
     verify_logits: Step
-    prob_rule: Callable[[str], Callable[..., VerifyResult]]
+    prob_rule: Callable[[str], PaddedRule]
     typical: Step
     tree: Callable[..., TreeVerifyResult]
     log_q: Callable[..., torch.Tensor]
+    row_stats: Callable[..., RowStats]
 
 
 _BACKENDS = {
     "torch": Backend(
-        eager.verify_logits, eager.prob_rule, lossy.verify_typical, trees.verify_tree, eager.log_q
+        eager.verify_logits,
+        eager.prob_rule,
+        lossy.verify_typical,
+        trees.verify_tree,
+        eager.log_q,
+        eager.row_stats,
     ),
     "triton": Backend(
-        triton.verify_logits, triton.prob_rule, lossy.verify_typical, trees.verify_tree, eager.log_q
+        triton.verify_logits,
+        triton.prob_rule,
+        lossy.verify_typical,
+        trees.verify_tree,
+        eager.log_q,
+        eager.row_stats,
     ),
     "cpu": Backend(
-        eager.verify_logits, cpu.prob_rule, lossy.verify_typical, trees.verify_tree, eager.log_q
+        cpu.verify_logits,
+        cpu.prob_rule,
+        lossy.verify_typical,
+        trees.verify_tree,
+        eager.log_q,
+        cpu.row_stats,
     ),
 }
 
@@ -105,7 +127,7 @@ def resolve(backend: object, tensor: torch.Tensor) -> str:
     if backend == "cpu" and not (tensor.device.type == "cpu" and jit.available()):
         raise ValueError(
             f"backend='cpu' cannot run on {tensor.device} tensors here: it needs numba "
-            "(pip install 'specsample[cpu]') and CPU tensors"
+            f"({install_command('cpu')}) and CPU tensors"
         )
     if backend == "triton" and not kernels.supports(tensor):
         raise ValueError(

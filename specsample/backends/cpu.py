@@ -1,31 +1,46 @@
 """The fused CPU backend: the numba kernels of :mod:`specsample.native` behind the seam.
 
-Its chain rule on ``[batch, k, vocab]`` probabilities (what :class:`specsample.RejectionSampler`
-runs) is one fused pass per sequence (:func:`specsample.native.chain.chain_rule`); its other
-slots run the PyTorch code of :mod:`specsample.backends.eager` until kernels exist for them.
-It gives the tokens of the PyTorch backend on the same uniforms (up to a uniform falling
-within about ``1e-16`` of a cell boundary, see :mod:`specsample.rules.residual`).
+* The chain rule on ``[batch, k, vocab]`` probabilities (what :class:`specsample.RejectionSampler`
+  runs): one fused pass per sequence (:func:`specsample.native.chain.chain_rule`).
+* A chain step on flattened logits (what :func:`specsample.verify` and the generation loop
+  run): the row statistics of rows processed with a temperature alone (:func:`row_stats`;
+  their normalisers only for the rows the rule reads), then one fused
+  pass per sequence (:func:`specsample.native.logits.chain_logits`). Rows with top-k, top-p
+  or min-p get their statistics from PyTorch and the same fused rule.
+* Every other slot (the block rule, typical acceptance, trees, log-probabilities) runs the
+  PyTorch code of :mod:`specsample.backends.eager` until kernels exist for it.
 
-The kernel runs on CPU tensors of float32 or float64 probabilities once its compilation has
-finished (:func:`specsample.native.jit.ready`, on a background thread, which is also where
-numba is first imported: ``import specsample`` does not load it); other calls (half
-precision, another device, a call being traced by ``torch.compile``, or the first calls
-while the kernel compiles) run the PyTorch rule, which gives the same tokens.
+It gives the tokens of the PyTorch backend on the same uniforms: up to a uniform falling
+within about ``1e-16`` of a cell boundary on probabilities (see
+:mod:`specsample.rules.residual`), and within about ``1e-7`` on logits (whose exponentials
+round as float32's do, not bit for bit as PyTorch's, see :mod:`specsample.native.logits`).
+
+The kernels run on CPU tensors (float32 or float64 probabilities, float32 logits) once their
+compilation has finished (:func:`specsample.native.jit.ready`, on a background thread, which
+is also where numba is first imported: ``import specsample`` does not load it); other calls
+(half precision, another device, a call being traced by ``torch.compile``, or the first calls
+while the kernels compile) run the PyTorch code, which gives the same tokens. Small batches
+run on the calling thread; large ones use numba's threads.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from specsample.backends import eager
+from specsample.metadata import SamplingMetadata
 from specsample.native import jit
+from specsample.plan import LogitsStep
+from specsample.probs import RowStats
 from specsample.rules.chain import chain_verify, check_rule_inputs
 from specsample.shared import ChainStep, PaddedRule, VerifyResult
 
 _FUSED_DTYPES = (torch.float32, torch.float64)
+_PARALLEL_ELEMENTS = 1 << 17
+"""Below this many elements of work (``batch * vocab`` for a rule, ``rows * vocab`` for row
+statistics), a kernel runs on the calling thread: waking the other threads would cost more
+than they save."""
 
 
 def _fused(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> bool:
@@ -57,34 +72,200 @@ class FusedChainRule(PaddedRule):
 
     def verify(self, step: ChainStep) -> VerifyResult:
         """The chain rule's result on ``step``, by the kernel when it takes the rows."""
+        check_rule_inputs(*step)
+        return self.run(step)
+
+    def run(self, step: ChainStep) -> VerifyResult:
+        """The chain rule's result on ``step``, its arguments already checked."""
         target, draft, ids, bonus, uniforms = step
         if not _fused(target, draft):
-            return chain_verify.verify(step)
-        check_rule_inputs(*step)
-        from specsample.native.chain import chain_rule  # loaded with numba, at the warm-up
+            return chain_verify.run(step)
+        from specsample.native import chain  # loaded with numba, at the warm-up
 
-        batch, k, _ = target.shape
-        token_ids = torch.empty(batch, k + 1, dtype=torch.int64)
-        num_accepted = torch.empty(batch, dtype=torch.int64)
+        batch, k, vocab = target.shape
+        parallel = batch > 1 and batch * vocab >= _PARALLEL_ELEMENTS
+        chain_rule = chain.chain_rule if parallel else chain.chain_rule_serial
+        out = np.empty(batch * (k + 2), np.int64)  # both outputs in one allocation
+        token_ids, num_accepted = out[: batch * (k + 1)].reshape(batch, k + 1), out[-batch:]
         chain_rule(
             _view(target),
             _view(draft),
-            _view(ids.to(torch.int64)),
-            _view(bonus.reshape(batch).to(torch.int64)),
+            _view(_int64(ids)),
+            _view(_int64(bonus)).reshape(batch),
             _view(uniforms),
-            token_ids.numpy(),
-            num_accepted.numpy(),
+            token_ids,
+            num_accepted,
         )
-        return VerifyResult(token_ids, num_accepted)
+        return VerifyResult(torch.from_numpy(token_ids), torch.from_numpy(num_accepted))
 
 
 fused_chain = FusedChainRule()
 """The chain rule on probabilities by the fused CPU kernel (:class:`FusedChainRule`)."""
 
 
+def _filtered_rows(sampling: SamplingMetadata) -> torch.Tensor | None:
+    """``[rows]`` bool: the rows a top-k, top-p or min-p filter applies to (``None``: no
+    request has a filter)."""
+    if sampling.top_k is None and sampling.top_p is None and sampling.min_p is None:
+        return None
+    rows = torch.zeros(sampling.inv_temperature.shape[0], dtype=torch.bool)
+    if sampling.top_k is not None:
+        rows |= sampling.top_k > 0
+    if sampling.top_p is not None:
+        rows |= sampling.top_p < 1.0
+    if sampling.min_p is not None:
+        rows |= sampling.min_p > 0.0
+    return rows
+
+
+def row_stats(
+    logits: torch.Tensor, sampling: SamplingMetadata, *, need_norm: bool = False
+) -> RowStats:
+    """The statistics of ``[rows, vocab]`` logits (:func:`specsample.backends.eager.row_stats`).
+
+    For float32 rows, by the kernel, each row read once from memory: with ``need_norm``, the
+    log-norms of every row; without, those of rows with a distribution are left NaN,
+    and :func:`verify_logits` computes the ones of the rows it reads. Rows with a top-k,
+    top-p or min-p filter take their statistics from PyTorch. Which computes a row depends
+    on that row's parameters alone, so a request's result does not depend on the others in
+    its batch. An all-greedy batch without ``need_norm`` needs only the argmaxes (PyTorch).
+    """
+    if not _fused_logits(logits) or (sampling.all_greedy and not need_norm):
+        return eager.row_stats(logits, sampling, need_norm=need_norm)
+    stats = _kernel_stats(logits, sampling.inv_temperature, norms=need_norm)
+    filtered = _filtered_rows(sampling)
+    if filtered is None:
+        return stats
+    processed = eager.row_stats(logits, sampling, need_norm=True)
+    cutoff = torch.where(filtered, processed.cutoff, stats.cutoff)
+    log_norm = torch.where(filtered, processed.log_norm, stats.log_norm)
+    return stats._replace(cutoff=cutoff, log_norm=log_norm)
+
+
+def _kernel_stats(
+    logits: torch.Tensor, inv_temperature: torch.Tensor | float, *, norms: bool
+) -> RowStats:
+    """The statistics of float32 rows with no filter, by the kernel."""
+    from specsample.native import logits as kernels
+
+    parallel = norms and logits.numel() >= _PARALLEL_ELEMENTS
+    kernel = kernels.row_stats if parallel else kernels.row_stats_serial
+    rows = logits.shape[0]
+    stats = torch.empty(4, rows)
+    stats[1] = inv_temperature
+    argmax = torch.empty(rows, dtype=torch.int64)
+    top, index = np.empty(rows, np.float32), np.empty(rows, np.int64)
+    kernel(_dense(_float32(logits)), top, index, stats.numpy(), argmax.numpy(), norms)
+    return RowStats(stats[1], stats[2], stats[3], argmax, stats[0])
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _fused_logits(logits: torch.Tensor) -> bool:
+    """Whether the logits kernels take these rows now (float32, or half precision, which
+    :func:`_float32` widens exactly)."""
+    return (
+        logits.device.type == "cpu"
+        and (logits.dtype == torch.float32 or logits.dtype in _HALF)
+        and logits.shape[0] > 0
+        and not torch.compiler.is_compiling()
+        and jit.ready()
+    )
+
+
+def _float32(logits: torch.Tensor) -> torch.Tensor:
+    """Half-precision logits widened to float32 (exactly: the same values), for the kernels;
+    float32 logits as they are. Half logits thus give what their float32 values give."""
+    return logits.float() if logits.dtype in _HALF else logits
+
+
+def _stacked(stats: RowStats) -> torch.Tensor:
+    """``[4, rows]`` float32: shift, inverse temperature, cutoff and log-norm."""
+    return torch.stack([stats.shift, stats.inv_temperature, stats.cutoff, stats.log_norm])
+
+
+def _draft_rows(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The draft rows as the kernel takes them (``[0, 0]`` for one-hot drafts, or when every
+    request is greedy) and their ``[4, rows]`` statistics (``[4, 0]`` for probabilities);
+    ``None`` where it cannot."""
+    none = torch.empty(4, 0)
+    if step.plan.uniforms is None:
+        return torch.empty(0, 0), none
+    if step.draft_logits is not None and step.draft_logits.shape[0]:
+        rows = step.draft_logits
+        if not _fused_logits(rows):
+            return None
+        rows = _float32(rows)
+        return rows, _stacked(_kernel_stats(rows, 1.0, norms=False))
+    if step.draft_probs is not None and step.draft_probs.shape[0]:
+        rows = step.draft_probs
+        return (rows, none) if rows.dtype in _FUSED_DTYPES else None
+    return torch.empty(0, 0), none
+
+
+def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`specsample.backends.eager.verify_logits`, by the kernel for a chain step on
+    float32 CPU rows (the PyTorch code otherwise): the same tokens on the same uniforms."""
+    layout, stats, greedy, uniforms = step.plan
+    draft = _draft_rows(step) if _fused_logits(step.target_logits) else None
+    if step.method != "chain" or not layout.max_drafts or draft is None:
+        return eager.verify_logits(_with_norms(step))
+    from specsample.native import logits as kernels
+
+    batch = layout.batch
+    parallel = batch > 1 and batch * step.target_logits.shape[1] >= _PARALLEL_ELEMENTS
+    kernel = kernels.chain_logits if parallel else kernels.chain_logits_serial
+    bonus = step.bonus_token_ids
+    columns = [layout.num_drafts, layout.draft_start, layout.target_start, greedy]
+    columns.append(torch.full((batch,), -1) if bonus is None else bonus)
+    token_ids = torch.full((batch, layout.max_drafts + 1), -1, dtype=torch.int64)
+    num_accepted = torch.empty(batch, dtype=torch.int64)
+    if uniforms is None:
+        uniforms = torch.empty(batch, 0, dtype=torch.float64)
+    kernel(
+        _dense(_float32(step.target_logits)),
+        _dense(_stacked(stats)),
+        _dense(stats.argmax),
+        _dense(torch.stack([_int64(c) for c in columns])),
+        _dense(_int64(step.draft_token_ids)),
+        _dense(draft[0]),
+        _dense(draft[1]),
+        _dense(uniforms),
+        token_ids.numpy(),
+        num_accepted.numpy(),
+    )
+    return token_ids, num_accepted
+
+
+def _with_norms(step: LogitsStep) -> LogitsStep:
+    """``step`` with the log-norms :func:`row_stats` left to the kernel computed (what the
+    PyTorch code reads)."""
+    if step.plan.uniforms is None or not _fused_logits(step.target_logits):
+        return step
+    from specsample.native.logits import fill_norms
+
+    stats = step.plan.stats
+    stacked = _stacked(stats)
+    fill_norms(_dense(_float32(step.target_logits)), stacked.numpy())
+    full = stats._replace(log_norm=stacked[3])
+    return step._replace(plan=step.plan._replace(stats=full))
+
+
 def _view(tensor: torch.Tensor) -> np.ndarray:
     """The NumPy view of a CPU tensor (no copy), any strides."""
-    return tensor.detach().numpy()
+    return (tensor.detach() if tensor.requires_grad else tensor).numpy()
+
+
+def _int64(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as int64 (itself when it already is: no operation on the hot path)."""
+    return tensor if tensor.dtype == torch.int64 else tensor.to(torch.int64)
+
+
+def _dense(tensor: torch.Tensor) -> np.ndarray:
+    """The NumPy view of a CPU tensor, copied first unless contiguous (the logits kernels
+    are compiled for contiguous arrays alone)."""
+    return _view(tensor if tensor.is_contiguous() else tensor.contiguous())
 
 
 def _contiguous(shape: tuple[int, ...], dtype: type, value: float = 0.0) -> np.ndarray:
@@ -97,30 +278,57 @@ def _strided(shape: tuple[int, ...], dtype: type, value: float = 0.0) -> np.ndar
     return np.full((*shape[:-1], 2 * shape[-1]), value, dtype)[..., ::2]
 
 
+def _warm_logits() -> None:
+    """Compile the logits kernels for contiguous float32 logits, with each kind of draft
+    rows (float32 or float64 probabilities, float32 logits, none), then freeze them."""
+    from specsample.native import logits as kernels
+
+    logits = np.zeros((2, 4), np.float32)
+    stats = np.zeros((4, 2), np.float32)
+    argmax = np.zeros(2, np.int64)
+    layout = np.array([[1], [0], [0], [0], [-1]], np.int64)
+    kernels.fill_norms(logits, stats)
+    kernels.fill_norms.disable_compile()
+    for stats_kernel in (kernels.row_stats, kernels.row_stats_serial):
+        stats_kernel(logits, np.zeros(2, np.float32), argmax, stats, argmax, True)
+        stats_kernel.disable_compile()
+    for chain in (kernels.chain_logits, kernels.chain_logits_serial):
+        for draft in (np.zeros((1, 4), np.float32), np.zeros((1, 4), np.float64)):
+            chain(
+                logits, stats, argmax, layout, np.zeros(1, np.int64), draft, stats,
+                np.full((1, 2), 0.5), np.zeros((1, 2), np.int64), np.zeros(1, np.int64),
+            )  # fmt: skip
+        chain.disable_compile()
+
+
+jit.on_warm_up(_warm_logits)
+
+
 def _warm() -> None:
     """Compile the kernel per row dtype for contiguous arrays (numba's ``C`` layout, whose
     loads vectorise) and for arrays of any strides (``A``), then freeze it: a call then
     never starts a compilation (an array of another layout takes the ``A`` version)."""
-    from specsample.native.chain import chain_rule
+    from specsample.native import chain
 
-    for dtype in (np.float32, np.float64):
-        for make in (_strided, _contiguous):
-            rows = make((2, 1, 4), dtype, 0.25)
-            chain_rule(
-                rows,
-                rows,
-                make((2, 1), np.int64),
-                make((2,), np.int64),
-                make((2, 2), np.float64, 0.5),
-                make((2, 2), np.int64),
-                make((2,), np.int64),
-            )
-    chain_rule.disable_compile()
+    for chain_rule in (chain.chain_rule, chain.chain_rule_serial):
+        for dtype in (np.float32, np.float64):
+            for make in (_strided, _contiguous):
+                rows = make((2, 1, 4), dtype, 0.25)
+                chain_rule(
+                    rows,
+                    rows,
+                    make((2, 1), np.int64),
+                    make((2,), np.int64),
+                    make((2, 2), np.float64, 0.5),
+                    make((2, 2), np.int64),
+                    make((2,), np.int64),
+                )
+        chain_rule.disable_compile()
 
 
 jit.on_warm_up(_warm)
 
 
-def prob_rule(method: str) -> Callable[..., VerifyResult]:
+def prob_rule(method: str) -> PaddedRule:
     """The fused chain rule; the PyTorch rule for the other methods."""
     return fused_chain if method == "chain" else eager.prob_rule(method)

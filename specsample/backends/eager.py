@@ -8,14 +8,14 @@ computes the same thing with fused kernels, on the same uniforms.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
-from specsample.metadata import BatchLayout
+from specsample.metadata import BatchLayout, SamplingMetadata
 from specsample.plan import LogitsStep
-from specsample.probs import RowStats, row_stats, scaled_logits
+from specsample.probs import RowStats, sampling_stats, scaled_logits
+from specsample.probs import row_stats as processed_stats
 from specsample.rules.block import (
     block_length,
     block_verify,
@@ -25,12 +25,12 @@ from specsample.rules.block import (
 from specsample.rules.chain import chain_verify, count_accepted, emit
 from specsample.rules.residual import sample_residual, sample_rows
 from specsample.rules.rows import LogitRows, ProbRows
-from specsample.shared import VerifyResult
+from specsample.shared import PaddedRule
 
-_PROB_RULES: dict[str, Callable[..., VerifyResult]] = {"chain": chain_verify, "block": block_verify}
+_PROB_RULES: dict[str, PaddedRule] = {"chain": chain_verify, "block": block_verify}
 
 
-def prob_rule(method: str) -> Callable[..., VerifyResult]:
+def prob_rule(method: str) -> PaddedRule:
     """The rule on probabilities of an exact chain method:
     ``rule(target, draft, ids, bonus, uniforms)``."""
     return _PROB_RULES[method]
@@ -86,6 +86,22 @@ class Step(NamedTuple):
     drafts: Drafts
 
 
+def row_stats(
+    logits: torch.Tensor, sampling: SamplingMetadata, *, need_norm: bool = False
+) -> RowStats:
+    """The statistics of ``[rows, vocab]`` logits, each row processed with its parameters in
+    ``sampling`` (:func:`specsample.probs.sampling_stats`): the normalisers of every row when
+    a request samples or with ``need_norm``, else the argmaxes alone.
+
+    Examples
+    --------
+    >>> meta = SamplingMetadata.build(1, torch.device("cpu"), temperature=0.0)
+    >>> row_stats(torch.tensor([[1.0, 3.0]]), meta).log_norm.isnan().tolist()
+    [True]
+    """
+    return sampling_stats(logits, sampling, need_norm=need_norm or not sampling.all_greedy)
+
+
 def log_q(
     logits: torch.Tensor, stats: RowStats, rows: torch.Tensor, ids: torch.Tensor
 ) -> torch.Tensor:
@@ -95,7 +111,7 @@ def log_q(
     --------
     >>> import torch
     >>> logits = torch.tensor([[0.0, 0.0]])
-    >>> s = row_stats(logits, torch.ones(1))
+    >>> s = processed_stats(logits, torch.ones(1))
     >>> log_q(logits, s, torch.tensor([0]), torch.tensor([1])).exp().tolist()
     [0.5]
     """
@@ -144,7 +160,7 @@ def _draft_side(
         return ProbRows(draft_probs), draft_probs[index, ids].to(torch.float64)
     if draft_logits is not None and draft_logits.shape[0]:
         ones = torch.ones(draft_logits.shape[0], device=draft_logits.device)
-        stats = row_stats(draft_logits, ones)
+        stats = processed_stats(draft_logits, ones)
         return LogitRows(draft_logits, stats), log_q(draft_logits, stats, index, ids).exp().double()
     return None, torch.ones(ids.shape, dtype=torch.float64, device=ids.device)
 
@@ -167,7 +183,7 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     --------
     >>> from specsample.plan import Plan
     >>> logits = torch.tensor([[0.0, 5.0], [5.0, 0.0]])  # a draft row, then the bonus row
-    >>> plan = Plan(BatchLayout.build([1], logits.device), row_stats(logits, torch.ones(2)),
+    >>> plan = Plan(BatchLayout.build([1], logits.device), processed_stats(logits, torch.ones(2)),
     ...             torch.tensor([True]), None)
     >>> verify_logits(LogitsStep(logits, torch.tensor([1]), plan))
     (tensor([[1, 0]]), tensor([1]))

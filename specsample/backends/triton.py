@@ -7,13 +7,11 @@ tensors under Triton's interpreter (``TRITON_INTERPRET=1``, for tests).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from specsample import kernels
 from specsample.plan import LogitsStep
-from specsample.shared import VerifyResult
+from specsample.shared import PaddedRule
 
 
 def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,6 +21,6 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     return kernels.verify_logits(step)
 
 
-def prob_rule(method: str) -> Callable[..., VerifyResult]:
+def prob_rule(method: str) -> PaddedRule:
     """The kernel twin of :func:`specsample.backends.eager.prob_rule`."""
     return kernels.RULES[method]

@@ -2,49 +2,114 @@
 
 One module per command (:mod:`specsample.cli.demo`, :mod:`specsample.cli.bench`,
 :mod:`specsample.cli.compare`, :mod:`specsample.cli.generate`), each adding its parser
-(``add_parser``) and running it (``run``); :mod:`specsample.cli.args` holds the argument
-types they share and :mod:`specsample.cli.progress` the one progress reporter. ``demo``
-checks :class:`specsample.sampler.RejectionSampler` for exactness on toy families, then
-prints a short cold-cache speed table; ``bench`` runs the full benchmark; ``compare``
-verifies the same drafts with every rule and reports tokens per verification step;
-``generate`` runs batched speculative decoding with a target/draft pair of causal LMs, or
-prompt lookup, streams the text and prints the run's statistics. Errors are reported on one
-line and give a non-zero exit status.
+(``add_parser``), checking the options together (``check``) and running it (``run``);
+:mod:`specsample.cli.args` holds the argument types they share and
+:mod:`specsample.cli.progress` the progress reporters. ``demo`` checks
+:class:`specsample.sampler.RejectionSampler` for exactness on toy families, then prints a
+short cold-cache speed table; ``bench`` runs the full benchmark; ``compare`` verifies the
+same drafts with every rule and reports tokens per verification step; ``generate`` runs
+batched speculative decoding with a target/draft pair of causal LMs, or prompt lookup,
+streams the text and prints the run's statistics. ``specsample --version`` prints the
+package's version.
 
-Every option that sizes the work is bounded, and ``--help`` states the bound: out of range,
-the command refuses at once (a usage error, exit status 2) rather than running out of memory.
+Every option is checked before any work starts (and before any model loads): a value out
+of range, a combination that makes no sense or a flag that does not exist is a usage error
+(exit status 2) on one line, ``specsample COMMAND: error: ...``, naming the flag as it is
+typed, with the closest flag or command when one was misspelt. Every option that sizes the
+work is bounded, and ``--help`` states the bound. Errors found later (a file that cannot
+serve, a model that cannot load) are reported on one line too, with exit status 1. Ctrl-C
+stops a command with exit status 130, after what it ran is reported.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
+from specsample import __version__
 from specsample.cli import bench, compare, demo, generate
 
 COMMANDS = {"demo": demo, "bench": bench, "compare": compare, "generate": generate}
 """Each command's module, in the order ``--help`` lists them."""
 
 
+def did_you_mean(word: str, known: Sequence[str]) -> str:
+    """``" (did you mean X?)"`` for the closest of ``known`` to ``word``, or ``""``.
+
+    Examples
+    --------
+    >>> did_you_mean("--temprature", ["--temperature", "--top-p"])
+    ' (did you mean --temperature?)'
+    >>> did_you_mean("xyz", ["generate"])
+    ''
+    """
+    close = difflib.get_close_matches(word, known, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 class _Parser(argparse.ArgumentParser):
-    """An argument parser whose usage errors are one line: the error, and where help is."""
+    """An argument parser whose usage errors are one line: the error, and where help is;
+    an invalid choice (a command, a ``--method``, ...) names the closest valid one."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if action.choices is None or value in action.choices:
+            return
+        choices = [str(choice) for choice in action.choices]
+        raise argparse.ArgumentError(
+            action,
+            f"invalid choice: {value!r}{did_you_mean(str(value), choices)}; choose from "
+            + ", ".join(choices),
+        )
 
-def _build_parser() -> argparse.ArgumentParser:
+
+def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The ``specsample`` parser, and each command's parser by name."""
     parser = _Parser(
         prog="specsample",
         description="Exact, fast verification for speculative decoding.",
     )
+    parser.add_argument("--version", action="version", version=f"specsample {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
     for module in COMMANDS.values():
         module.add_parser(commands)
-    return parser
+    return parser, dict(commands.choices)
+
+
+def _unrecognized(extras: list[str], command: argparse.ArgumentParser) -> str:
+    """The usage error for arguments no option of ``command`` takes, with close flags."""
+    flags = [flag for flag in command._option_string_actions if flag.startswith("--")]
+    hints = [
+        did_you_mean(extra.split("=", 1)[0], flags) for extra in extras if extra.startswith("--")
+    ]
+    return f"unrecognized arguments: {' '.join(extras)}{''.join(dict.fromkeys(hints))}"
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The options, each checked, and checked together by the command's ``check``.
+
+    Raises
+    ------
+    SystemExit
+        For ``--help`` and ``--version`` (status 0), or a usage error (status 2, the error
+        on stderr).
+    """
+    parser, commands = _build_parser()
+    args, extras = parser.parse_known_args(argv)
+    command = commands[args.command]
+    if extras:
+        command.error(_unrecognized(extras, command))
+    try:
+        COMMANDS[args.command].check(args)
+    except ValueError as exc:
+        command.error(str(exc))
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -58,24 +123,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns
     -------
     int
-        Exit status: 0 on success (and for ``--help``), 1 when the demo finds a family that
-        fails its exactness tests or the command fails, 2 for a usage error, 130 when
-        interrupted.
+        Exit status: 0 on success (and for ``--help`` and ``--version``), 1 when the demo
+        finds a family that fails its exactness tests or the command fails, 2 for a usage
+        error, 130 when interrupted.
 
     Examples
     --------
     >>> main(["bench", "--shapes", "2x0x8"])
     2
     """
-    parser = _build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = _parse(argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     try:
         return int(COMMANDS[args.command].run(args))
     except KeyboardInterrupt:
-        print("specsample: interrupted", file=sys.stderr)
+        sys.stdout.flush()
+        print(f"specsample {args.command}: interrupted", file=sys.stderr)
         return 130
     except (ValueError, TypeError, RuntimeError, OSError, ImportError) as exc:
         print(f"specsample {args.command}: error: {exc}", file=sys.stderr)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import torch
+
 from specsample.bench import (
     DEFAULT_SHAPES,
     MAX_SHAPE_BATCH,
@@ -56,6 +58,30 @@ def parse_shape(text: str) -> Shape:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def parse_device(text: str) -> str:
+    """Parse ``--device``: ``cpu``, or ``cuda`` (``cuda:N``) when CUDA is available.
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        Not a torch device, another kind of device, or CUDA asked for without CUDA.
+
+    Examples
+    --------
+    >>> parse_device("cpu")
+    'cpu'
+    """
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"expected cpu or cuda (cuda:N), got {text!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text} was asked for, but CUDA is not available")
+    return text
+
+
 def add_parser(commands: Any) -> None:
     """Add the ``bench`` command to the subparsers ``commands``."""
     parser = commands.add_parser(
@@ -78,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run only "
         + ", ".join("x".join(map(str, s)) for s in QUICK_SHAPES)
-        + " with fewer repeats",
+        + " with fewer repeats (not with --shapes)",
     )
     parser.add_argument(
         "--shapes",
@@ -97,7 +123,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{MAX_REPEATS}); naive and transformers get at most 3",
     )
     add_threads_argument(parser, "torch may use")
-    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument(
+        "--device", type=parse_device, default="cpu", help="cpu or cuda (default cpu)"
+    )
+
+
+def check(args: argparse.Namespace) -> None:
+    """Refuse ``--quick`` with ``--shapes``: it runs shapes of its own.
+
+    Raises
+    ------
+    ValueError
+        Both were given.
+    """
+    if args.quick and args.shapes:
+        raise ValueError("--quick runs its own shapes: pass --quick or --shapes, not both")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from specsample.cli.args import (
     add_rows_argument,
     add_seed_and_plot_arguments,
     add_vocab_argument,
+    check_vocab,
     int_in_range,
     probability,
 )
@@ -58,6 +59,17 @@ def add_parser(commands: Any) -> None:
     demo.add_argument("--no-speed", action="store_true", help="skip the speed table")
 
 
+def check(args: argparse.Namespace) -> None:
+    """Refuse a ``--vocab`` too large for ``--k`` (see :func:`specsample.cli.args.check_vocab`).
+
+    Raises
+    ------
+    ValueError
+        The toy tables would exceed their bound; the message names both flags.
+    """
+    check_vocab(args.vocab, args.k)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``specsample demo`` as :func:`add_parser` configured it: the exit status, 0 or 1.
 
@@ -66,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"Exactness of RejectionSampler: {args.rows} sequences per family, k={args.k}, "
         f"vocab={args.vocab}; each family passes when all its tests pass at family-wise "
-        f"false-failure rate {args.alpha:g}.\n"
+        f"false-failure rate {args.alpha:g}.\n",
+        flush=True,
     )
     failed = []
     for index, name in enumerate(FAMILIES):

@@ -10,26 +10,34 @@ With ``--input prompts.jsonl --output out.jsonl`` it decodes every prompt of a J
 instead (per-prompt parameters, the command-line options as defaults; see
 :mod:`specsample.cli.jsonl`), ``--batch-size`` of them at a time (default 8), appends one
 result line per prompt as soon as it finishes, shows a progress bar on stderr, and resumes an
-interrupted run: prompts already in the output are skipped.
+interrupted run: prompts whose result the output already holds (same id, prompt and sampling
+parameters) are skipped, and a stored result that contradicts the input is refused
+(:mod:`specsample.cli.resume`). Both files are checked in full before any model loads;
+only a prompt that is empty once tokenized, or fills the target's context, is found after.
 
 The draft length is adaptive by default: each step drafts between 0 and ``k`` tokens, as the
 acceptance and step times seen so far suggest (exact either way); ``--fixed-k`` always
-drafts ``k``. The options and their bounds: :mod:`specsample.cli.generate_args`.
+drafts ``k``. The options and their bounds: :mod:`specsample.cli.generate_args`. The
+models run on the CPU in float32.
+
+On Ctrl-C the streamed line is ended, the statistics of the steps that ran are printed and
+the command exits with status 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from specsample.cli import jsonl
+from specsample.cli import jsonl, resume
 from specsample.cli.generate_args import (
     add_arguments,
     batch_size,
     check_arguments,
+    draft_length,
     step_batch,
     tree_shape,
 )
@@ -44,6 +52,7 @@ from specsample.cli.output import (
 from specsample.cli.progress import Progress, import_tqdm
 from specsample.generate.loop import speculative_generate, target_generate
 from specsample.generate.policy import PolicyMemory
+from specsample.generate.stats import GenerationInterrupted
 
 
 def add_parser(commands: Any) -> None:
@@ -54,9 +63,21 @@ def add_parser(commands: Any) -> None:
         description="Generate from a target causal LM with speculative decoding: a draft model "
         "(--draft) or prompt lookup (--ngram) proposes k tokens, one target forward scores them "
         "and exact verification keeps the target's distribution. Without --target, the default "
-        "pair installed under specsample/models/default is used.",
+        "pair installed under specsample/models/default is used. Generation runs on the CPU in "
+        "float32.",
     )
     add_arguments(parser)
+
+
+def check(args: argparse.Namespace) -> None:
+    """Refuse options that make no sense together, before anything is read or loaded.
+
+    Raises
+    ------
+    ValueError
+        As :func:`specsample.cli.generate_args.check_arguments`.
+    """
+    check_arguments(args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,11 +97,14 @@ def run(args: argparse.Namespace) -> int:
     ------
     ValueError
         Options :func:`specsample.cli.generate_args.check_arguments` refuses; an empty
-        prompt, a bad line of the input file (``"{path}:{line}: "``, nothing written), a
-        malformed output file, a model path that is neither a model directory nor a GGUF
-        file, mismatched models, ``--chat`` with a tokenizer without a chat template, a
-        prompt that fills the context, or any argument
+        prompt, bad lines of the input file (``"{path}:{line}: "``, all of them, nothing
+        written), an ``--input`` or ``--output`` path that cannot serve, a malformed output
+        file or one whose results contradict the input, a model path that is neither a
+        model directory nor a GGUF file, mismatched models, ``--chat`` with a tokenizer
+        without a chat template, a prompt that fills the context, or any argument
         :func:`specsample.generate.speculative_generate` refuses.
+    KeyboardInterrupt
+        Ctrl-C, once the statistics of what ran are printed.
     ImportError
         transformers (or, for ``--plot``, matplotlib; for ``--input``, tqdm; for a GGUF
         file, gguf or accelerate) is not installed.
@@ -88,14 +112,10 @@ def run(args: argparse.Namespace) -> int:
     check_arguments(args)
     if args.input is not None:
         return _run_file(args)
-    if not args.prompt.strip():
-        raise ValueError("the prompt is empty")
     target_path, draft_path = model_paths(args)
     prepare_runtime(args.threads)
     tokenizer, encode, target, drafter = load_models(target_path, draft_path, args)
-    prompt_ids = encode(args.prompt)
-    if not prompt_ids:
-        raise ValueError("the prompt is empty once tokenized")
+    prompt_ids = _encode_prompt(args, encode, target)
     copies = batch_size(args)
     common = _sampling_options(args, eos_token_ids(tokenizer, target), copies)
     common["max_batch_size"] = step_batch(args, target)
@@ -105,29 +125,80 @@ def run(args: argparse.Namespace) -> int:
         _warm_up(args, target, drafter, prompt_ids, common, memory)
     shown = [] if args.chat else prompt_ids
     stream = Stream(tokenizer, shown) if copies == 1 else None
-    output = speculative_generate(
-        target,
-        prompts,
-        drafter,
-        **_drafting_options(args),
-        on_tokens=stream,
-        on_progress=None if stream is not None else Progress("speculative"),
-        memory=memory,
-        **common,
-    )
+    with _statistics_if_interrupted(stream is not None):
+        output = speculative_generate(
+            target,
+            prompts,
+            drafter,
+            **_drafting_options(args),
+            on_tokens=stream,
+            on_progress=None if stream is not None else Progress("speculative"),
+            memory=memory,
+            **common,
+        )
     print_sequences(output, stream is not None, tokenizer, shown, args.method)
     if args.compare:
-        baseline = target_generate(target, prompts, on_progress=Progress("target-only"), **common)
+        with _statistics_if_interrupted(False):
+            progress = Progress("target-only")
+            baseline = target_generate(target, prompts, on_progress=progress, **common)
         print_speedup(output, baseline)
     if args.plot:
         plot_acceptance(output.stats, args.plot)
     return 0
 
 
+@contextlib.contextmanager
+def _statistics_if_interrupted(line_open: bool) -> Iterator[None]:
+    """On Ctrl-C in a decoding loop: end the streamed line (``line_open``), print the
+    statistics of the steps that ran, and let the interrupt go on."""
+    try:
+        yield
+    except GenerationInterrupted as interrupted:
+        print("\n" if line_open else "")
+        print("statistics of the steps that ran before the interrupt:")
+        print(interrupted.stats.format_table(), flush=True)
+        raise
+
+
+def _encode_prompt(
+    args: argparse.Namespace, encode: Callable[[str], list[int]], target: Any
+) -> list[int]:
+    """The prompt's token ids, refusing a prompt or drafts that the target's context cannot
+    hold (named as the options are)."""
+    prompt_ids = encode(args.prompt)
+    if not prompt_ids:
+        raise ValueError("the prompt is empty once tokenized")
+    context = _context(target)
+    if context is not None and len(prompt_ids) >= context:
+        raise ValueError(
+            f"the prompt has {len(prompt_ids)} tokens but the target's context is {context} "
+            "positions: nothing can be generated"
+        )
+    _check_drafts_fit(args, target)
+    return prompt_ids
+
+
+def _context(target: Any) -> int | None:
+    """The target's context, in positions (``None``: its config sets none)."""
+    return getattr(getattr(target, "config", None), "max_position_embeddings", None)
+
+
+def _check_drafts_fit(args: argparse.Namespace, target: Any) -> None:
+    """Refuse a ``-k`` (or a ``--tree``) that one step of the target's context cannot score."""
+    context, shape = _context(target), tree_shape(args)
+    drafts = draft_length(args) if shape is None else shape.nodes
+    if context is not None and drafts >= context:
+        asked = f"-k {drafts}" if shape is None else f"a tree of {drafts} nodes (--tree)"
+        raise ValueError(
+            f"{asked} must be below the target's context ({context} positions): a step "
+            "scores the drafts and one more slot"
+        )
+
+
 def _drafting_options(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments of :func:`specsample.generate.speculative_generate` on the drafts."""
     return {
-        "k": args.k,
+        "k": draft_length(args),
         "method": args.method,
         "adaptive": not args.fixed_k,
         "tree": tree_shape(args),
@@ -165,40 +236,18 @@ def _warm_up(
 
 
 def _file_requests(args: argparse.Namespace) -> tuple[list[jsonl.Request], int]:
-    """The prompts of ``--input`` (all validated) that ``--output`` does not hold yet, and
-    the length of ``--output`` to keep (:attr:`specsample.cli.jsonl.Resume.keep_bytes`).
-
-    What is skipped, and a last output line cut short (to be dropped), is said on stderr.
-    """
-    source, destination = Path(args.input), Path(args.output)
-    if destination.exists() and destination.resolve() == source.resolve():
-        raise ValueError("--output must be another file than --input")
+    """The prompts of ``--input`` that ``--output`` does not hold yet, and the length of
+    ``--output`` to keep: :func:`specsample.cli.resume.pending`, the command-line options
+    giving the defaults."""
     defaults = {name: getattr(args, name) for name in jsonl.PARAMETERS}
-    requests = jsonl.read_requests(source, defaults)
-    resume = jsonl.read_results(destination)
-    if resume.dropped_line is not None:
-        print(
-            f"{args.output}: line {resume.dropped_line} was cut short by an interrupted write; "
-            "dropping it",
-            file=sys.stderr,
-        )
-    todo = [request for request in requests if request.id not in resume.done]
-    if len(todo) < len(requests):
-        print(
-            f"{args.output}: skipping {len(requests) - len(todo)} of {len(requests)} prompts "
-            "already done",
-            file=sys.stderr,
-        )
-    if not todo:
-        print(f"all {len(requests)} prompts of {args.input} are already in {args.output}")
-    return todo, resume.keep_bytes
+    return resume.pending(args.input, args.output, defaults)
 
 
 def _encode_requests(
     requests: list[jsonl.Request], encode: Callable[[str], list[int]], target: Any, source: str
 ) -> list[list[int]]:
     """The token ids of every prompt, refusing (by line) one that is empty or fills the context."""
-    context = getattr(getattr(target, "config", None), "max_position_embeddings", None)
+    context = _context(target)
     prompts = []
     for request in requests:
         ids = encode(request.prompt)
@@ -235,9 +284,11 @@ def _run_file(args: argparse.Namespace) -> int:
     tqdm = import_tqdm()
     tokenizer, encode, target, drafter = load_models(target_path, draft_path, args)
     prompts = _encode_requests(todo, encode, target, args.input)
+    _check_drafts_fit(args, target)
     eos = eos_token_ids(tokenizer, target)
     ends = set(eos)
     with (
+        _statistics_if_interrupted(False),
         jsonl.ResultWriter(args.output, keep_bytes) as writer,
         tqdm(total=len(todo), unit="prompt", file=sys.stderr) as bar,
     ):

@@ -1,8 +1,10 @@
 """The options of ``specsample generate``, and what they ask for once parsed.
 
-:func:`add_arguments` adds them; :func:`check_arguments` refuses the combinations that make
-no sense before anything is loaded; :func:`batch_size`, :func:`tree_shape` and
-:func:`step_batch` read back what the run needs.
+:func:`add_arguments` adds them, each checked as it is parsed (the sampling parameters in
+the ranges :class:`specsample.params.SamplingParams` accepts); :func:`check_arguments`
+refuses, in flag syntax, the combinations that make no sense before anything is read or
+loaded; :func:`draft_length`, :func:`batch_size`, :func:`tree_shape` and :func:`step_batch`
+read back what the run needs. The command runs on the CPU in float32.
 
 Every option that sizes the work is bounded (``--help`` states each bound): ``-k`` by
 :data:`specsample.generate.MAX_K`, ``--max-new-tokens`` by
@@ -16,7 +18,7 @@ Examples
 >>> parser = argparse.ArgumentParser()
 >>> add_arguments(parser)
 >>> args = parser.parse_args(["def f():", "--ngram", "-k", "8"])
->>> args.k, args.fixed_k, args.max_new_tokens, batch_size(args)
+>>> draft_length(args), args.fixed_k, args.max_new_tokens, batch_size(args)
 (8, False, 128, 1)
 """
 
@@ -26,7 +28,12 @@ import argparse
 from typing import Any
 
 from specsample import adapter
-from specsample.cli.args import add_seed_and_plot_arguments, add_threads_argument, int_in_range
+from specsample.cli.args import (
+    add_seed_and_plot_arguments,
+    add_threads_argument,
+    int_in_range,
+    number_in_range,
+)
 from specsample.generate.inputs import MAX_NEW_TOKENS
 from specsample.generate.loop import MAX_K
 from specsample.generate.tree import TreeShape
@@ -34,6 +41,7 @@ from specsample.methods import (
     MAX_STEP_TREE_NODES,
     METHODS,
     TREE_DRAFTINGS,
+    TreeDrafting,
     chain_methods,
     tree_draftings,
     tree_methods,
@@ -52,6 +60,12 @@ STEP_VALUES = 1 << 24
 
 TREE_RULES = tree_methods()
 """The rules ``--method`` accepts with ``--tree``."""
+
+DEFAULT_K = 4
+"""``-k`` when it is not given."""
+
+MAX_TOP_K = (1 << 63) - 1
+"""Largest ``--top-k``."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,15 +91,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="generate for every prompt of a JSONL file instead of PROMPT: one object per "
         'line, {"prompt": str, "id": str or int (default: the line number), and optionally '
         '"max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed"} (missing fields '
-        "take the command-line values; a line without a seed gets SEED + its index); needs "
-        "--output",
+        "take the command-line values; a line without a seed gets SEED + its index, and "
+        '"seed": null is unseeded; a seeded sampled prompt is reproducible only with '
+        "--fixed-k); every bad line is reported before any model loads; needs --output",
     )
     parser.add_argument(
         "--output",
         metavar="FILE.jsonl",
         help="with --input: append one JSON line per finished prompt (id, line, prompt, "
-        "completion, completion_tokens, finish_reason); prompts whose id it already holds "
-        "are skipped, so an interrupted run resumes",
+        "completion, completion_tokens, finish_reason and the sampling parameters); a prompt "
+        "whose id, text and parameters it already holds is skipped, so an interrupted run "
+        "resumes, and a stored result whose id names an input line with another prompt or "
+        'parameters is refused (lines without an "id" are known by their line number, so '
+        "give ids to insert, delete or move lines between runs)",
     )
     add_threads_argument(
         parser, "for torch", "default: torch's choice; 1 is often fastest on a busy machine; "
@@ -104,7 +122,7 @@ def _add_source_arguments(parser: argparse.ArgumentParser) -> None:
         "--target",
         metavar="PATH",
         help="target model: a directory (config.json, weights, tokenizer) or a .gguf file "
-        "(quantized tensors are dequantized by transformers at load time; local files only)",
+        "(quantized tensors are dequantized to float32 at load time; local files only)",
     )
     parser.add_argument(
         "--draft", metavar="PATH", help="draft model: a directory or a .gguf file, as --target"
@@ -129,15 +147,17 @@ def _add_drafting_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-k",
         type=int_in_range(1, MAX_K),
-        default=4,
-        help=f"most drafts per step, or with --fixed-k drafts per step (default 4, at most "
-        f"{MAX_K} and below the target's context)",
+        default=None,
+        help=f"most drafts per step, or with --fixed-k drafts per step (default {DEFAULT_K}, "
+        f"at most {MAX_K} and below the target's context; not with --tree, whose depth is "
+        "the draft length)",
     )
     parser.add_argument(
         "--fixed-k",
         action="store_true",
         help="always draft k tokens (default: choose each step's draft length in 0..k, k "
-        "being the maximum, from the acceptance and step times seen so far; exact either way)",
+        "being the maximum, from the acceptance and step times seen so far; exact either "
+        "way); not with --tree, which drafts its whole tree every step",
     )
     exact = chain_methods()
     lossy = [name for name in chain_methods(lossy=True) if name not in exact]
@@ -157,7 +177,8 @@ def _add_drafting_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NODES",
         type=int_in_range(2, MAX_STEP_TREE_NODES),
         help="draft a token tree of at most NODES nodes per step with the draft model (two "
-        "branches from the root, each a chain), scored in one target forward",
+        "branches from the root, each a chain), scored in one target forward; every step "
+        "drafts the whole tree, so -k and --fixed-k do not apply",
     )
     parser.add_argument(
         "--tree-shape",
@@ -167,7 +188,7 @@ def _add_drafting_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tree-drafting",
         choices=tree_draftings(),
-        default=tree_draftings()[0],
+        default=None,
         help="with --tree: how children are drawn: "
         + "; ".join(f"{d.name}, {d.summary}" for d in TREE_DRAFTINGS.values())
         + f" (default {tree_draftings()[0]}; temperature 0 always takes the draft's most likely "
@@ -178,11 +199,29 @@ def _add_drafting_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     """Sampling parameters, batch size, length and seed."""
     parser.add_argument(
-        "--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)"
+        "--temperature",
+        type=number_in_range(0.0),
+        default=0.0,
+        help="sampling temperature, a finite number >= 0 (default 0: greedy)",
     )
-    parser.add_argument("--top-k", type=int, default=0, help="top-k filter (default 0: off)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="top-p filter (default 1: off)")
-    parser.add_argument("--min-p", type=float, default=0.0, help="min-p filter (default 0: off)")
+    parser.add_argument(
+        "--top-k",
+        type=int_in_range(0, MAX_TOP_K),
+        default=0,
+        help="top-k filter, an integer >= 0 (default 0: off)",
+    )
+    parser.add_argument(
+        "--top-p",
+        type=number_in_range(0.0, 1.0, open_low=True),
+        default=1.0,
+        help="top-p filter, in (0, 1] (default 1: off)",
+    )
+    parser.add_argument(
+        "--min-p",
+        type=number_in_range(0.0, 1.0),
+        default=0.0,
+        help="min-p filter, in [0, 1] (default 0: off)",
+    )
     parser.add_argument(
         "--batch-size",
         type=int_in_range(1, MAX_BATCH_SIZE),
@@ -204,20 +243,23 @@ def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
         type=int_in_range(0, (1 << 64) - 1),
         default=None,
         help="seed of sequence i (with --input: of the file's i-th prompt, from 0) is SEED + i "
-        "(default: unseeded)",
+        "(default: unseeded). Only --fixed-k (or --tree) runs are reproducible: the adaptive "
+        "draft length, the default, follows the measured step times, so two seeded runs "
+        "without --fixed-k may differ (each is an exact sample either way)",
     )
 
 
 def check_arguments(args: argparse.Namespace) -> None:
-    """Refuse a prompt together with ``--input`` (or neither), unpaired options, a bad tree.
+    """Refuse, in flag syntax, options that make no sense together, before anything loads.
 
     Raises
     ------
     ValueError
         Neither or both of a prompt and ``--input``, ``--input`` without ``--output`` (or
         the reverse), ``--compare`` with ``--input``, ``--system`` without ``--chat``, a
-        prompt or system message that is not text, or tree options :func:`tree_shape`
-        refuses.
+        prompt that is empty or, like a system message, not text; ``--draft`` with
+        ``--ngram``, ``--target`` with neither; a ``--method`` that needs the draft's
+        distributions with ``--ngram``; drafting options :func:`tree_shape` refuses.
     """
     if args.input is not None and args.prompt is not None:
         raise ValueError("pass a prompt or --input FILE.jsonl, not both")
@@ -234,7 +276,23 @@ def check_arguments(args: argparse.Namespace) -> None:
     for name, text in (("the prompt", args.prompt), ("--system", args.system)):
         if text is not None and not _is_text(text):
             raise ValueError(f"{name} is not valid text: it holds bytes that are not UTF-8")
+    if args.prompt is not None and not args.prompt.strip():
+        raise ValueError("the prompt is empty")
+    _check_drafter(args)
     tree_shape(args)
+
+
+def _check_drafter(args: argparse.Namespace) -> None:
+    """Refuse a drafter asked for twice or not at all, or a rule it cannot serve."""
+    if args.draft is not None and args.ngram:
+        raise ValueError("pass --draft PATH or --ngram, not both")
+    if args.target is not None and args.draft is None and not args.ngram:
+        raise ValueError("--target needs --draft PATH or --ngram")
+    if args.ngram and METHODS[args.method].needs_draft_probs:
+        raise ValueError(
+            f"--method {args.method} needs the draft's distributions, which prompt lookup "
+            "(--ngram) does not have: use --method chain, or a draft model (--draft PATH)"
+        )
 
 
 def _is_text(value: str) -> bool:
@@ -264,14 +322,21 @@ def batch_size(args: argparse.Namespace) -> int:
     return FILE_BATCH_SIZE if args.input is not None else 1
 
 
+def draft_length(args: argparse.Namespace) -> int:
+    """``-k`` of the parsed options, or its default :data:`DEFAULT_K`: the most drafts per
+    step (with ``--fixed-k``, the drafts per step)."""
+    return DEFAULT_K if args.k is None else int(args.k)
+
+
 def tree_shape(args: argparse.Namespace) -> TreeShape | None:
     """The tree ``--tree`` and ``--tree-shape`` ask for (``None``: chain drafting).
 
     Raises
     ------
     ValueError
-        A tree option without ``--tree``, with ``--ngram``, a chain-only ``--method``, a
-        malformed shape or one of more nodes than ``--tree`` allows.
+        A tree option without ``--tree``; ``--tree`` with ``--ngram``, ``-k`` or
+        ``--fixed-k``; a chain-only ``--method``, or a tree rule that is biased for
+        ``--tree-drafting``; a malformed shape or one of more nodes than ``--tree`` allows.
 
     Examples
     --------
@@ -281,29 +346,56 @@ def tree_shape(args: argparse.Namespace) -> TreeShape | None:
     (2, 1, 1)
     """
     if args.tree is None:
-        if args.tree_shape is not None:
-            raise ValueError("--tree-shape needs --tree NODES")
+        for flag, value in (
+            ("--tree-shape", args.tree_shape),
+            ("--tree-drafting", args.tree_drafting),
+        ):
+            if value is not None:
+                raise ValueError(f"{flag} needs --tree NODES")
         if args.method in TREE_RULES:
             raise ValueError(f"--method {args.method} verifies token trees: it needs --tree NODES")
         return None
     if args.ngram:
         raise ValueError("--tree drafts with the draft model; it cannot be used with --ngram")
-    if args.method not in (chain_methods()[0], *TREE_RULES):
-        raise ValueError(f"--method {args.method} verifies chains; with --tree use {TREE_RULES}")
+    for flag, given in (("-k", args.k is not None), ("--fixed-k", args.fixed_k)):
+        if given:
+            raise ValueError(
+                f"{flag} does not apply with --tree: every step drafts the whole tree, as deep "
+                "as its shape (set it with --tree NODES or --tree-shape)"
+            )
+    drafting = TREE_DRAFTINGS[args.tree_drafting or tree_draftings()[0]]
+    _check_tree_method(args.method, drafting)
     if args.tree_shape is None:
-        return TreeShape.for_budget(args.tree, args.tree_drafting)
+        return TreeShape.for_budget(args.tree, drafting.name)
     try:
         counts = [int(part) for part in args.tree_shape.split(",")]
     except ValueError:
         raise ValueError(
             f"--tree-shape must be comma-separated counts such as 3,2,1, got {args.tree_shape!r}"
         ) from None
-    shape = TreeShape.build(counts, args.tree_drafting)
-    if shape.nodes > args.tree:
+    if min(counts) < 1:
+        raise ValueError(f"--tree-shape counts must be at least 1, got {args.tree_shape}")
+    nodes = TreeShape(tuple(counts), drafting.name).nodes
+    if nodes > args.tree:
         raise ValueError(
-            f"--tree-shape {args.tree_shape} has {shape.nodes} nodes, more than --tree {args.tree}"
+            f"--tree-shape {args.tree_shape} has {nodes} nodes, more than --tree {args.tree}"
         )
-    return shape
+    return TreeShape.build(counts, drafting.name)
+
+
+def _check_tree_method(method: str, drafting: TreeDrafting) -> None:
+    """Refuse a ``--method`` that does not verify trees, or is biased for ``drafting``."""
+    exact = " or ".join(drafting.exact)
+    if method not in (chain_methods()[0], *TREE_RULES):
+        raise ValueError(
+            f"--method {method} verifies chains; with --tree use {', '.join(TREE_RULES)} "
+            f"(or leave --method out for the rule --tree-drafting calls for)"
+        )
+    if method in TREE_RULES and drafting.reason(method) is not None:
+        raise ValueError(
+            f"--method {method} is biased with --tree-drafting {drafting.name}: with it use "
+            f"--method {exact} (or leave --method out)"
+        )
 
 
 def step_batch(args: argparse.Namespace, target: Any) -> int:
@@ -325,5 +417,5 @@ def step_batch(args: argparse.Namespace, target: Any) -> int:
         At least 1.
     """
     shape = tree_shape(args)
-    slots = args.k + 1 if shape is None else shape.nodes + 1
+    slots = draft_length(args) + 1 if shape is None else shape.nodes + 1
     return max(1, STEP_VALUES // (slots * adapter.vocab_size(target)))

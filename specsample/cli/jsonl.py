@@ -6,17 +6,30 @@ An input file holds one JSON object per line (blank lines are skipped)::
 
 ``"prompt"`` (a non-empty string) is required; ``"id"`` (a string or an int) defaults to the
 1-based line number; the sampling fields (:data:`PARAMETERS`) default to the command-line
-options. :func:`read_requests` validates every line before anything is generated and names
-the file, the line and the field of the first bad one.
+options, a line without ``"seed"`` getting ``--seed`` plus its index among the file's
+prompts, and ``"seed": null`` asking for an unseeded prompt. :func:`read_requests`
+validates every line before anything is loaded and reports every bad line at once, each as
+``FILE:LINE: ...`` naming the field or key: a line that is not UTF-8, not JSON or not an
+object, that repeats a key, holds a lone surrogate (such as ``"\\ud800"``, which is no
+text), an unknown field, a field of the wrong type or out of range, or an id already used.
+
+A seed makes a sampled prompt's completion reproducible (the same models, options and
+thread count, up to floating-point differences between batch shapes) only with
+``--fixed-k``: by default the draft length of each step is chosen from the acceptance and
+the step times measured so far (:mod:`specsample.generate.policy`), and which positions are
+drafted changes the draws. Greedy prompts (temperature 0) give the target's argmax either
+way.
 
 The output file gets one JSON object per finished prompt, appended and flushed as soon as the
-prompt finishes (:class:`ResultWriter`)::
+prompt finishes (:class:`ResultWriter`): the prompt's id, line and text, what was generated,
+and the sampling parameters it was generated with::
 
     {"id": "a", "line": 1, "prompt": "def f(x):", "completion": "...",
-     "completion_tokens": 12, "finish_reason": "eos"}
+     "completion_tokens": 12, "finish_reason": "eos", "max_new_tokens": 32,
+     "temperature": 0.7, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 1}
 
-so an interrupted run can be resumed: :func:`read_results` collects the ids already written,
-and drops a last line that an interrupted write cut short.
+so that an interrupted run can be resumed and checked against the input
+(:mod:`specsample.cli.resume`).
 """
 
 from __future__ import annotations
@@ -35,6 +48,9 @@ PARAMETERS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed"
 
 FIELDS = frozenset(("id", "prompt", *PARAMETERS))
 """Every field an input line may hold."""
+
+MAX_REPORTED = 20
+"""Most bad lines one error lists (then how many more there are)."""
 
 _INT64_MAX = (1 << 63) - 1
 
@@ -71,30 +87,23 @@ class Request(NamedTuple):
     seed: int | None
 
 
-class Resume(NamedTuple):
-    """What an existing output file already holds (see :func:`read_results`).
-
-    Attributes
-    ----------
-    done : frozenset of (str or int)
-        Ids of the prompts already written.
-    keep_bytes : int
-        Length of the file once a cut-short last line is dropped.
-    dropped_line : int or None
-        Line number of the last line, when it was cut short and is dropped.
-    """
-
-    done: frozenset[str | int]
-    keep_bytes: int
-    dropped_line: int | None
-
-
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def valid_id(value: object) -> bool:
+    """Whether ``value`` can be a prompt's id: a string or an int (not a bool).
+
+    Examples
+    --------
+    >>> valid_id("a"), valid_id(3), valid_id(True), valid_id(1.5)
+    (True, True, False, False)
+    """
+    return _is_int(value) or isinstance(value, str)
 
 
 _CHECKS: dict[str, tuple[str, Any]] = {
@@ -109,21 +118,113 @@ _CHECKS: dict[str, tuple[str, Any]] = {
     "top_k": ("an int in [0, 2**63) (0: off)", lambda v: _is_int(v) and 0 <= v <= _INT64_MAX),
     "top_p": ("a number in (0, 1] (1: off)", lambda v: _is_number(v) and 0 < v <= 1),
     "min_p": ("a number in [0, 1] (0: off)", lambda v: _is_number(v) and 0 <= v <= 1),
-    "seed": ("an int in [0, 2**64)", lambda v: _is_int(v) and 0 <= v < 1 << 64),
+    "seed": (
+        "an int in [0, 2**64), or null (unseeded)",
+        lambda v: v is None or (_is_int(v) and 0 <= v < 1 << 64),
+    ),
 }
 """What each sampling field accepts (as the error says it), and the test of it."""
 
 
-def _parse_line(where: str, raw: bytes) -> object:
-    """The JSON value of one line, or a ``ValueError`` prefixed by ``where``."""
+def parameter_error(name: str, value: object) -> str | None:
+    """What is wrong with ``value`` as the sampling field ``name``, or ``None`` if nothing.
+
+    Examples
+    --------
+    >>> parameter_error("top_p", 0.5) is None, parameter_error("seed", None) is None
+    (True, True)
+    >>> parameter_error("top_k", -1)
+    'top_k must be an int in [0, 2**63) (0: off), got -1'
+    """
+    allowed, check = _CHECKS[name]
+    return None if check(value) else f"{name} must be {allowed}, got {value!r}"
+
+
+class _DuplicateKey(ValueError):
+    """A JSON object that repeats a key (its argument)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """The object of ``pairs``, refusing a repeated key (``json.loads``' object hook)."""
+    record: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in record:
+            raise _DuplicateKey(key)
+        record[key] = value
+    return record
+
+
+def _lone_surrogate(record: object) -> str | None:
+    """What names the first string value of the object ``record`` that holds a lone
+    surrogate (a ``\\ud800``-``\\udfff`` escape that is half of no pair), if any."""
+    if not isinstance(record, dict):
+        return None
+    for key, value in record.items():
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return (
+                    f"{key!r} holds a lone surrogate {value[exc.start]!r} at character "
+                    f"{exc.start + 1}, which is not text"
+                )
+    return None
+
+
+def parse_line(where: str, raw: bytes) -> object:
+    """The JSON value of one line, or a ``ValueError`` whose message starts with ``where``.
+
+    The line must be UTF-8 and JSON, repeat no key of an object, and hold no lone surrogate
+    in a string value of its top-level object.
+
+    Examples
+    --------
+    >>> parse_line("f:1: ", b'{"prompt": "x"}')
+    {'prompt': 'x'}
+    >>> parse_line("f:2: ", b'{"prompt": "x", "prompt": "y"}')
+    Traceback (most recent call last):
+    ...
+    ValueError: f:2: duplicate key 'prompt'
+    """
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"{where}not valid UTF-8 (byte {exc.start + 1})") from None
     try:
-        return json.loads(text)
+        value = json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise ValueError(f"{where}duplicate key {exc.args[0]!r}") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{where}invalid JSON: {exc.msg} (column {exc.colno})") from None
+    surrogate = _lone_surrogate(value)
+    if surrogate is not None:
+        raise ValueError(f"{where}{surrogate}")
+    return value
+
+
+def refuse(errors: Sequence[str], hint: str | None = None) -> None:
+    """Raise one ``ValueError`` listing ``errors``, one a line, if there are any.
+
+    At most :data:`MAX_REPORTED` are listed, then how many more there are, then ``hint``.
+
+    Examples
+    --------
+    >>> refuse([])
+    >>> refuse(["f:1: bad", "f:3: worse"], hint="fix them")
+    Traceback (most recent call last):
+    ...
+    ValueError: f:1: bad
+    f:3: worse
+    fix them
+    """
+    if not errors:
+        return
+    shown = list(errors[:MAX_REPORTED])
+    if len(errors) > MAX_REPORTED:
+        shown.append(f"... and {len(errors) - MAX_REPORTED} more bad lines")
+    if hint is not None:
+        shown.append(hint)
+    raise ValueError("\n".join(shown))
 
 
 def _request(
@@ -143,18 +244,17 @@ def _request(
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError(f"{where}prompt must be a non-empty string, got {prompt!r}")
     identifier = record.get("id", line)
-    if not (_is_int(identifier) or isinstance(identifier, str)):
+    if not valid_id(identifier):
         raise ValueError(f"{where}id must be a string or an int, got {identifier!r}")
     values = {}
     for name in PARAMETERS:
         if name not in record:
             values[name] = defaults[name]
             continue
-        value = record[name]
-        allowed, check = _CHECKS[name]
-        if not check(value):
-            raise ValueError(f"{where}{name} must be {allowed}, got {value!r}")
-        values[name] = value
+        error = parameter_error(name, record[name])
+        if error is not None:
+            raise ValueError(f"{where}{error}")
+        values[name] = record[name]
     if "seed" not in record and values["seed"] is not None:
         values["seed"] += index
     return Request(id=identifier, line=line, prompt=prompt, **values)
@@ -169,8 +269,8 @@ def read_requests(path: str | Path, defaults: Mapping[str, Any]) -> list[Request
         The JSONL input file.
     defaults : mapping
         The value of every field of :data:`PARAMETERS` for lines that lack it. ``"seed"`` is
-        a base: the ``i``-th prompt of the file (0-based) without a seed of its own gets
-        ``defaults["seed"] + i`` (``None``: unseeded).
+        a base: the ``i``-th prompt of the file (0-based) without a ``"seed"`` of its own
+        gets ``defaults["seed"] + i`` (``None``: unseeded); ``"seed": null`` is unseeded.
 
     Returns
     -------
@@ -180,10 +280,11 @@ def read_requests(path: str | Path, defaults: Mapping[str, Any]) -> list[Request
     Raises
     ------
     ValueError
-        A line that is not valid UTF-8 or JSON, not an object, lacks a non-empty
-        ``"prompt"``, holds an unknown field, a field of the wrong type or out of range, or
-        repeats an earlier line's id: the message starts ``"{path}:{line}: "`` and names the
-        field. A file without any prompt.
+        Lines that are not valid UTF-8 or JSON, repeat a key, hold a lone surrogate, are not
+        an object, lack a non-empty ``"prompt"``, hold an unknown field, a field of the
+        wrong type or out of range, or repeat an earlier line's id: every one is listed
+        (:func:`refuse`), each ``"{path}:{line}: "`` and what is wrong with it. A file
+        without any prompt.
     OSError
         The file cannot be read.
 
@@ -203,95 +304,29 @@ def read_requests(path: str | Path, defaults: Mapping[str, Any]) -> list[Request
     if missing:
         raise ValueError(f"defaults must give every parameter, missing {', '.join(missing)}")
     requests: list[Request] = []
+    errors: list[str] = []
     first_line: dict[str | int, int] = {}
     with path.open("rb") as file:
         for line, raw in enumerate(file, 1):
             if not raw.strip():
                 continue
             where = f"{path}:{line}: "
-            request = _request(where, _parse_line(where, raw), line, len(requests), defaults)
+            try:
+                request = _request(where, parse_line(where, raw), line, len(requests), defaults)
+            except ValueError as exc:
+                errors.append(str(exc))
+                continue
             if request.id in first_line:
-                raise ValueError(
+                errors.append(
                     f"{where}id {request.id!r} repeats the id of line {first_line[request.id]}"
                 )
+                continue
             first_line[request.id] = line
             requests.append(request)
+    refuse(errors)
     if not requests:
         raise ValueError(f"{path}: holds no prompts")
     return requests
-
-
-def _result_id(record: object) -> str | int | None:
-    """The id of a result record, or ``None`` when it is not one."""
-    if not isinstance(record, dict):
-        return None
-    identifier = record.get("id")
-    return identifier if _is_int(identifier) or isinstance(identifier, str) else None
-
-
-def read_results(path: str | Path) -> Resume:
-    """The ids an output file already holds, for resuming an interrupted run.
-
-    Every line must be a JSON object with a string or int ``"id"`` (blank lines are
-    skipped), except the last: a last line without its newline, or (the last non-blank
-    line) that is not such an object, was cut short by an interrupted write and is dropped
-    (the file is truncated to ``keep_bytes`` before more results are appended). A missing
-    file holds nothing.
-
-    Parameters
-    ----------
-    path : str or Path
-        The JSONL output file.
-
-    Returns
-    -------
-    Resume
-        The ids written, the length to keep and the line dropped, if any.
-
-    Raises
-    ------
-    ValueError
-        A line other than the last is not a result record (the message starts
-        ``"{path}:{line}: "``).
-    OSError
-        The file exists but cannot be read.
-
-    Examples
-    --------
-    >>> import tempfile
-    >>> with tempfile.TemporaryDirectory() as folder:
-    ...     path = Path(folder) / "out.jsonl"
-    ...     _ = path.write_text('{"id": 1}\\n{"id": "b"}\\n{"id": 3, "compl')
-    ...     resume = read_results(path)
-    >>> sorted(map(str, resume.done)), resume.keep_bytes, resume.dropped_line
-    (['1', 'b'], 22, 3)
-    """
-    path = Path(path)
-    if not path.exists():
-        return Resume(frozenset(), 0, None)
-    pieces = path.read_bytes().split(b"\n")
-    *complete, tail = pieces
-    last = max((line for line, raw in enumerate(complete, 1) if raw.strip()), default=0)
-    done: set[str | int] = set()
-    offset = 0
-    for line, raw in enumerate(complete, 1):
-        if raw.strip():
-            try:
-                identifier = _result_id(_parse_line("", raw))
-            except ValueError:
-                identifier = None
-            if identifier is None:
-                if line == last and not tail:
-                    return Resume(frozenset(done), offset, line)
-                raise ValueError(
-                    f"{path}:{line}: not a result record (a JSON object with a string or int "
-                    '"id"); fix or remove the line, or write to another file'
-                )
-            done.add(identifier)
-        offset += len(raw) + 1
-    if tail:
-        return Resume(frozenset(done), offset, len(pieces))
-    return Resume(frozenset(done), offset, None)
 
 
 def finish_reason(token_ids: Sequence[int], eos_ids: Collection[int]) -> str:
@@ -309,15 +344,15 @@ class ResultWriter:
     """Append result records to an output file, one flushed line per finished prompt.
 
     Opening (``with ResultWriter(...)``) first truncates the file to ``keep_bytes`` when it
-    is longer (dropping the line :func:`read_results` found cut short); nothing before that
-    is rewritten.
+    is longer (dropping the line :func:`specsample.cli.resume.read_results` found cut
+    short); nothing before that is rewritten.
 
     Parameters
     ----------
     path : str or Path
         The JSONL output file (created if missing).
     keep_bytes : int
-        :attr:`Resume.keep_bytes` of the file.
+        :attr:`specsample.cli.resume.Results.keep_bytes` of the file.
 
     Examples
     --------
@@ -330,6 +365,8 @@ class ResultWriter:
     ...     record = json.loads(path.read_text())
     >>> record["id"], record["completion"], record["completion_tokens"], record["finish_reason"]
     ('a', ' y', 2, 'eos')
+    >>> record["max_new_tokens"], record["seed"]
+    (4, None)
     """
 
     def __init__(self, path: str | Path, keep_bytes: int) -> None:
@@ -361,7 +398,7 @@ class ResultWriter:
         Parameters
         ----------
         request : Request
-            The prompt.
+            The prompt (its id, line, text and sampling parameters are written).
         completion : str
             The decoded generated text.
         token_ids : sequence of int
@@ -376,6 +413,7 @@ class ResultWriter:
             "completion": completion,
             "completion_tokens": len(token_ids),
             "finish_reason": reason,
+            **{name: getattr(request, name) for name in PARAMETERS},
         }
         self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
         self._file.flush()

@@ -1,8 +1,10 @@
 """What ``specsample generate`` loads: the model pair, the tokenizer and how prompts are encoded.
 
 Models come from local model directories or GGUF files (quantized GGUF tensors are
-dequantized by transformers at load time; see :mod:`specsample.adapter.loading`); each one
-loaded is described on stderr (parameters, dtype, memory, the forward that runs it). With
+dequantized to float32 at load time; see :mod:`specsample.adapter.loading`); each one
+loaded is described on stderr (parameters, dtype, memory, the forward that runs it), while
+transformers' progress bars and log messages are silenced (set ``TRANSFORMERS_VERBOSITY`` to
+see its messages again). With
 ``--chat`` each prompt becomes the user message of a conversation (after the ``--system``
 message, if given) laid out by the tokenizer's chat template. Generation stops at every
 end-of-sequence id of the tokenizer and of the target's generation config
@@ -12,14 +14,22 @@ end-of-sequence id of the tokenizer and of the target's generation config
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from specsample import adapter, models
+from specsample.extras import install_command
 from specsample.generate.inputs import eos_ids
 from specsample.generate.ngram import NGramDrafter
+
+VERBOSITY = "TRANSFORMERS_VERBOSITY"
+"""The environment variable that, when set, leaves transformers' messages during loading to
+transformers (which reads it)."""
 
 
 def model_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
@@ -27,16 +37,14 @@ def model_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
 
     Without ``--target`` the default pair installed under
     :data:`specsample.models.DEFAULT_DIR` is used (its draft replaced by ``--draft`` or
-    ``--ngram``).
+    ``--ngram``). The options are those
+    :func:`specsample.cli.generate_args.check_arguments` accepted (one drafter).
 
     Raises
     ------
     ValueError
-        ``--draft`` with ``--ngram``, ``--target`` with neither, or no ``--target`` and no
-        default pair installed.
+        No ``--target`` and no default pair installed.
     """
-    if args.draft is not None and args.ngram:
-        raise ValueError("pass --draft PATH or --ngram, not both")
     if args.target is None:
         pair = adapter.default_pair()
         if pair is None:
@@ -48,8 +56,6 @@ def model_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
         if args.draft is not None:
             return pair[0], Path(args.draft)
         return pair[0], None if args.ngram else pair[1]
-    if args.draft is None and not args.ngram:
-        raise ValueError("--target needs --draft PATH or --ngram")
     return Path(args.target), None if args.ngram else Path(args.draft)
 
 
@@ -65,13 +71,33 @@ def prepare_runtime(threads: int | None) -> None:
         from transformers.utils import logging as hf_logging
     except ImportError:
         raise ImportError(
-            "generate needs transformers; install it with: pip install 'specsample[hf]'"
+            f"generate needs transformers; install it with: {install_command('hf')}"
         ) from None
     hf_logging.disable_progress_bar()
     if threads is not None:
         import torch
 
         torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Keep transformers to its errors while models and tokenizers load: no log messages
+    below errors and no Python warnings, unless ``TRANSFORMERS_VERBOSITY`` is set, so that
+    nothing interleaves with what the command prints."""
+    from transformers.utils import logging as hf_logging
+
+    if VERBOSITY in os.environ:
+        yield
+        return
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(before)
 
 
 def _load_model(path: Path, role: str) -> Any:
@@ -91,7 +117,8 @@ def load_models(
 
     The drafter is the draft model, or prompt lookup when ``draft_path`` is ``None``. Both
     paths are checked (:func:`specsample.adapter.model_source`) before anything is
-    loaded, and the tokenizers (``--chat`` included) before the models.
+    loaded, and the tokenizers (``--chat`` included) before the models. While they load,
+    transformers reports errors only, unless ``TRANSFORMERS_VERBOSITY`` is set.
 
     Parameters
     ----------
@@ -108,14 +135,15 @@ def load_models(
     adapter.model_source(target_path, role="target")
     if draft_path is not None:
         adapter.model_source(draft_path, role="draft")
-    tokenizer = adapter.load_tokenizer(target_path, role="target")
-    encode = prompt_encoder(tokenizer, chat=args.chat, system=args.system)
-    if draft_path is not None:
-        adapter.check_same_tokenizer(tokenizer, adapter.load_tokenizer(draft_path, role="draft"))
-    target = _load_model(target_path, "target")
-    if draft_path is None:
-        return tokenizer, encode, target, NGramDrafter()
-    return tokenizer, encode, target, _load_model(draft_path, "draft")
+    with _quiet():
+        tokenizer = adapter.load_tokenizer(target_path, role="target")
+        encode = prompt_encoder(tokenizer, chat=args.chat, system=args.system)
+        if draft_path is not None:
+            draft_tokenizer = adapter.load_tokenizer(draft_path, role="draft")
+            adapter.check_same_tokenizer(tokenizer, draft_tokenizer)
+        target = _load_model(target_path, "target")
+        drafter = NGramDrafter() if draft_path is None else _load_model(draft_path, "draft")
+    return tokenizer, encode, target, drafter
 
 
 def eos_token_ids(tokenizer: Any, target: Any) -> list[int]:

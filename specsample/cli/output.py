@@ -10,8 +10,10 @@ position (:func:`plot_acceptance`).
 from __future__ import annotations
 
 import sys
+import textwrap
 from typing import Any
 
+from specsample.extras import install_command
 from specsample.methods import METHODS
 
 
@@ -110,7 +112,7 @@ def plot_acceptance(stats: Any, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise ImportError(
-            "--plot needs matplotlib; install it with: pip install 'specsample[plot]'"
+            f"--plot needs matplotlib; install it with: {install_command('plot')}"
         ) from None
     rates = stats.acceptance_by_position
     figure, axes = plt.subplots(figsize=(6, 3.5))
@@ -119,7 +121,8 @@ def plot_acceptance(stats: Any, path: str) -> None:
     axes.set_ylabel("fraction accepted")
     axes.set_ylim(0, 1)
     axes.set_xticks(range(1, len(rates) + 1))
-    axes.set_title(f"acceptance by position: {stats.drafter}, k={stats.k}, {stats.method}")
+    title = f"acceptance by position: k={stats.k}, {stats.method}, drafter {stats.drafter}"
+    axes.set_title("\n".join(textwrap.wrap(title, 72)), fontsize=10)
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)

@@ -1,9 +1,11 @@
-"""The progress reporter of the commands that decode: the token rate so far, now and then.
+"""The progress reporters of the commands that run long: lines on stderr, now and then.
 
-:class:`Progress` is the ``on_progress`` callback of the decoding loops. It reports at most
-once every ``every`` seconds (on the clock of :mod:`specsample.timing`): as a line on stderr,
+Each reports at most once every ``every`` seconds (on the clock of :mod:`specsample.timing`),
+so a run shorter than that prints nothing. :class:`Progress` is the ``on_progress`` callback
+of the decoding loops: the sequences done and the token rate so far, as a line on stderr,
 or, given a progress bar (``tqdm``), as the bar's postfix, the bar itself being advanced by
-whoever sees the prompts finish.
+whoever sees the prompts finish. :class:`PartsProgress` counts the parts of a longer
+computation (the points of ``specsample compare``) and the time they took.
 
 Examples
 --------
@@ -20,7 +22,26 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from specsample.extras import install_command
 from specsample.timing import Stopwatch
+
+
+class _Throttle:
+    """The seconds since creation, when ``every`` have passed since the last report."""
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self._watch = Stopwatch()
+        self._last = 0.0
+
+    def due(self) -> float | None:
+        """The seconds elapsed if it is time to report (then counted as a report), else
+        ``None``."""
+        elapsed = self._watch.elapsed()
+        if elapsed - self._last < self.every:
+            return None
+        self._last = elapsed
+        return elapsed
 
 
 class Progress:
@@ -38,18 +59,15 @@ class Progress:
 
     def __init__(self, label: str = "", *, every: float = 2.0, bar: Any = None) -> None:
         self.label = label
-        self.every = every
         self.bar = bar
-        self._watch = Stopwatch()
-        self._last = 0.0
+        self._throttle = _Throttle(every)
 
     def __call__(self, finished: int, total: int, tokens: int) -> None:
         """Report ``finished`` of ``total`` sequences and ``tokens`` generated, if it is time."""
-        elapsed = self._watch.elapsed()
-        if elapsed - self._last < self.every:
+        elapsed = self._throttle.due()
+        if elapsed is None:
             return
-        self._last = elapsed
-        rate = f"{tokens / elapsed:.1f} tokens/s"
+        rate = f"{tokens / elapsed:.1f} tokens/s" if elapsed > 0 else "- tokens/s"
         if self.bar is not None:
             self.bar.set_postfix_str(rate)
             return
@@ -60,12 +78,41 @@ class Progress:
         )
 
 
+class PartsProgress:
+    """Report the parts of a computation done and the time so far (parts may differ in cost
+    by orders of magnitude, so no time left is estimated).
+
+    Parameters
+    ----------
+    label : str
+        Names the computation in each line (``"[label] ..."``).
+    parts : str
+        What a part is, plural (``"points"``).
+    every : float
+        Fewest seconds between two reports.
+    """
+
+    def __init__(self, label: str, parts: str, *, every: float = 2.0) -> None:
+        self.label = label
+        self.parts = parts
+        self._throttle = _Throttle(every)
+
+    def __call__(self, done: int, total: int) -> None:
+        """Report ``done`` of ``total`` parts, if it is time."""
+        elapsed = self._throttle.due()
+        if elapsed is None:
+            return
+        print(
+            f"[{self.label}] {done}/{total} {self.parts} done in {elapsed:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def import_tqdm() -> Any:
     """The ``tqdm`` progress bar class, or an ``ImportError`` saying how to install it."""
     try:
         from tqdm import tqdm
     except ImportError:
-        raise ImportError(
-            "--input needs tqdm; install it with: pip install 'specsample[hf]'"
-        ) from None
+        raise ImportError(f"--input needs tqdm; install it with: {install_command('hf')}") from None
     return tqdm

@@ -8,6 +8,7 @@ the verifier accepted, before truncation at EOS or at ``max_new_tokens``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -148,7 +149,8 @@ class GenerationStats:
         }
 
     def format_table(self) -> str:
-        """A two-column table of the run's statistics."""
+        """A two-column table of the run's statistics (``-`` where a rate is undefined, such
+        as the acceptance of a position never drafted)."""
         rows: list[tuple[str, str]] = [("mode", self.mode)]
         if self.mode == "speculative":
             rows += [("drafter", str(self.drafter)), ("method", str(self.method))]
@@ -157,27 +159,56 @@ class GenerationStats:
             ("sequences", str(self.sequences)),
             ("tokens generated", str(self.tokens)),
             ("wall time", f"{self.wall_time_s:.3f} s"),
-            ("tokens/s", f"{self.tokens_per_s:.1f}"),
-            ("target steps (batched)", f"{self.steps} ({self.steps_per_s:.1f}/s)"),
+            ("tokens/s", _shown(self.tokens_per_s, ".1f")),
+            ("target steps (batched)", f"{self.steps} ({_shown(self.steps_per_s, '.1f')}/s)"),
             ("target forwards (per sequence)", str(self.sequence_forwards)),
-            ("tokens per target forward", f"{self.tokens_per_forward:.3f}"),
+            ("tokens per target forward", _shown(self.tokens_per_forward, ".3f")),
         ]
         if self.mode == "speculative":
             saved = self.target_forwards_saved
             share = saved / self.tokens if self.tokens else float("nan")
             rows += [
-                ("target forwards saved", f"{saved} ({share:.1%} of target-only)"),
+                ("target forwards saved", f"{saved} ({_shown(share, '.1%')} of target-only)"),
                 (
                     "acceptance rate",
-                    f"{self.accepted}/{self.proposed} = {self.acceptance_rate:.3f}",
+                    f"{self.accepted}/{self.proposed} = {_shown(self.acceptance_rate, '.3f')}",
                 ),
                 (
                     "acceptance by position",
-                    " ".join(f"{rate:.3f}" for rate in self.acceptance_by_position),
+                    " ".join(_shown(rate, ".3f") for rate in self.acceptance_by_position),
                 ),
             ]
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+class GenerationInterrupted(KeyboardInterrupt):
+    """A generation call stopped by Ctrl-C, with the counters of the steps that ran.
+
+    A ``KeyboardInterrupt``, so that code catching that sees it as before; the decoding loop
+    raises it from the interrupt it received.
+
+    Parameters
+    ----------
+    stats : GenerationStats
+        The counters of what ran (the step under way when the interrupt came may count in
+        part).
+
+    Examples
+    --------
+    >>> stats = GenerationStats("target-only", None, None, 0, 1, 3, 0.5, 3, 3)
+    >>> isinstance(GenerationInterrupted(stats), KeyboardInterrupt)
+    True
+    """
+
+    def __init__(self, stats: GenerationStats) -> None:
+        super().__init__(f"interrupted after {stats.tokens} tokens")
+        self.stats = stats
+
+
+def _shown(value: float, spec: str) -> str:
+    """``value`` formatted by ``spec``, or ``"-"`` when it is undefined (NaN)."""
+    return "-" if math.isnan(value) else format(value, spec)
 
 
 def _add(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:

@@ -19,7 +19,7 @@ from specsample.generate import verifying
 from specsample.generate.batch import Batch
 from specsample.generate.drafters import ModelDrafter
 from specsample.generate.run import TokenCallback
-from specsample.generate.stats import GenerationStats
+from specsample.generate.stats import GenerationInterrupted, GenerationStats
 from specsample.generate.tree import TreeLayout
 
 
@@ -194,13 +194,21 @@ def decode(batch: Batch, results: list[list[int]]) -> GenerationStats:
     -------
     GenerationStats
         The run's counters.
+
+    Raises
+    ------
+    GenerationInterrupted
+        On Ctrl-C (a ``KeyboardInterrupt``), with the counters of the steps that ran.
     """
     watch = timing.Stopwatch()
     batch.admit()
     on_progress = batch.run.callbacks.on_progress
-    while batch.rows:
-        step(batch, results)
-        batch.admit()
-        if on_progress is not None:
-            on_progress(batch.finished, len(batch.prompts), batch.generated)
+    try:
+        while batch.rows:
+            step(batch, results)
+            batch.admit()
+            if on_progress is not None:
+                on_progress(batch.finished, len(batch.prompts), batch.generated)
+    except KeyboardInterrupt as interrupt:
+        raise GenerationInterrupted(batch.stats(watch.elapsed())) from interrupt
     return batch.stats(watch.elapsed())

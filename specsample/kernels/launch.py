@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from specsample.extras import install_command
 from specsample.metadata import BatchLayout
 from specsample.methods import chain_methods
 from specsample.probs import RowStats
@@ -93,7 +94,7 @@ def _kernel() -> Any:
     if kernel is not None:
         return kernel
     if not triton_available():
-        raise RuntimeError("the Triton kernels need triton: pip install 'specsample[triton]'")
+        raise RuntimeError(f"the Triton kernels need triton: {install_command('triton')}")
     package = f"{__package__}._{'interpreted' if interpret else 'compiled'}"
     if package not in sys.modules:
         spec = importlib.machinery.ModuleSpec(package, None, is_package=True)

@@ -41,7 +41,9 @@ def default_model_dir(name: str) -> Path:
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(
             f"the default {name} model is not installed: {directory} has no config.json. "
-            "Reinstall specsample with its package data, or recreate the models with "
-            "`python scripts/train_default_models.py` from a source checkout."
+            "Reinstall specsample with its package data (from the checkout: "
+            "`pip install -e '.[hf]'`), or recreate the models there with "
+            "`python scripts/train_default_models.py --out specsample/models/default "
+            "--overwrite-shipped`."
         )
     return directory

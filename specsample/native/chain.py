@@ -118,6 +118,29 @@ def draw_residual(q: np.ndarray, p: np.ndarray, u: float) -> int:
     return min(max(start + offset + token, 0), vocab - 1)
 
 
+@njit(inline="always")
+def _verify_one(target: np.ndarray, draft: np.ndarray, ids: np.ndarray, bonus: np.ndarray,
+                uniforms: np.ndarray, token_ids: np.ndarray, num_accepted: np.ndarray,
+                b: int) -> None:  # fmt: skip
+    """Verify sequence ``b`` (see :func:`chain_rule`)."""
+    k, vocab = target.shape[1], target.shape[2]
+    n = 0
+    while n < k:
+        x = ids[b, n]
+        if x < 0 or x >= vocab:
+            break
+        if not uniforms[b, n] * np.float64(draft[b, n, x]) < np.float64(target[b, n, x]):
+            break
+        n += 1
+    for j in range(k + 1):
+        token_ids[b, j] = ids[b, j] if j < n else -1
+    num_accepted[b] = n
+    if n == k:
+        token_ids[b, k] = bonus[b]
+    else:
+        token_ids[b, n] = draw_residual(target[b, n], draft[b, n], uniforms[b, k])
+
+
 @njit(parallel=True)
 def chain_rule(
     target: np.ndarray,
@@ -128,25 +151,26 @@ def chain_rule(
     token_ids: np.ndarray,
     num_accepted: np.ndarray,
 ) -> None:
-    """Verify ``[batch, k]`` drafts into ``token_ids [batch, k + 1]`` and ``num_accepted``.
+    """Verify ``[batch, k]`` drafts into ``token_ids [batch, k + 1]`` and ``num_accepted``,
+    sequences in parallel.
 
     ``target`` and ``draft`` are ``[batch, k, vocab]`` probabilities (any strides), ``ids``
     int64 drafts, ``bonus`` ``[batch]`` int64, ``uniforms`` ``[batch, k + 1]`` float64.
     """
-    batch, k, vocab = target.shape
-    for b in prange(batch):
-        n = 0
-        while n < k:
-            x = ids[b, n]
-            if x < 0 or x >= vocab:
-                break
-            if not uniforms[b, n] * np.float64(draft[b, n, x]) < np.float64(target[b, n, x]):
-                break
-            n += 1
-        for j in range(k + 1):
-            token_ids[b, j] = ids[b, j] if j < n else -1
-        num_accepted[b] = n
-        if n == k:
-            token_ids[b, k] = bonus[b]
-        else:
-            token_ids[b, n] = draw_residual(target[b, n], draft[b, n], uniforms[b, k])
+    for b in prange(target.shape[0]):
+        _verify_one(target, draft, ids, bonus, uniforms, token_ids, num_accepted, b)
+
+
+@njit
+def chain_rule_serial(
+    target: np.ndarray,
+    draft: np.ndarray,
+    ids: np.ndarray,
+    bonus: np.ndarray,
+    uniforms: np.ndarray,
+    token_ids: np.ndarray,
+    num_accepted: np.ndarray,
+) -> None:
+    """:func:`chain_rule` on the calling thread (for work too small to share)."""
+    for b in range(target.shape[0]):
+        _verify_one(target, draft, ids, bonus, uniforms, token_ids, num_accepted, b)

@@ -56,7 +56,9 @@ def cache_dir() -> Path:
 
 
 def njit(function: Callable[..., Any] | None = None, **options: Any) -> Any:
-    """``numba.njit(cache=True, nogil=True, **options)`` caching into :func:`cache_dir`.
+    """``numba.njit(cache=True, nogil=True, error_model="numpy", **options)`` caching into
+    :func:`cache_dir`: a float division by zero gives an infinity or NaN, as in PyTorch, not
+    an exception.
 
     Usable bare (``@njit``) or with options (``@njit(parallel=True)``). numba reads its
     cache directory when a function is decorated, so it is set for that moment only; where
@@ -71,9 +73,9 @@ def njit(function: Callable[..., Any] | None = None, **options: Any) -> Any:
     previous = getattr(numba.config, "CACHE_DIR", "")
     setattr(numba.config, "CACHE_DIR", str(cache_dir()))  # noqa: B010
     try:
-        return numba.njit(cache=True, nogil=True, **options)(function)
+        return numba.njit(cache=True, nogil=True, error_model="numpy", **options)(function)
     except RuntimeError:  # no writable cache directory: compile in every process instead
-        return numba.njit(nogil=True, **options)(function)
+        return numba.njit(nogil=True, error_model="numpy", **options)(function)
     finally:
         setattr(numba.config, "CACHE_DIR", previous)  # noqa: B010
 

@@ -141,6 +141,10 @@ class ReferenceRule(PaddedRule):
     def verify(self, step: ChainStep) -> VerifyResult:
         """The rule's result on ``step``."""
         check_rule_inputs(*step)
+        return self.run(step)
+
+    def run(self, step: ChainStep) -> VerifyResult:
+        """The rule's result on ``step``, its arguments already checked."""
         if step.target_probs.shape[1] == 0:
             return step.bonus_only()
         return self.verify_drafts(step, gather_drafts(*step[:4]))

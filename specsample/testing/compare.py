@@ -21,13 +21,14 @@ preserves the target distribution.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from specsample.checks import check_int
+from specsample.extras import install_command
 from specsample.methods import (
     MAX_SIMULATED_TREE_NODES,
     METHODS,
@@ -281,6 +282,7 @@ def compare_rules(
     vocab: int = 8,
     branching: int = 2,
     seed: int = 0,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> list[RuleResult]:
     """Mean tokens per verification step of every rule, per family and draft length.
 
@@ -303,6 +305,9 @@ def compare_rules(
         ``max(ks)``.
     seed : int
         Seeds the families, drafts and verifiers.
+    on_progress : callable, optional
+        ``on_progress(done, total)`` after each family and draft length, ``total`` being
+        ``len(families) * len(ks)``.
 
     Returns
     -------
@@ -324,12 +329,14 @@ def compare_rules(
     (['chain', 'block', 'mss', 'traversal', 'typical'], 2, 6)
     """
     _check_arguments(families, ks, rows, vocab, branching)
-    results = []
+    results: list[RuleResult] = []
     for name in families:
         largest = make_family(name, k=max(ks), vocab=vocab, seed=seed)
         for k in ks:
             family = Family(name, largest.target[: k + 1], largest.draft[:k], largest.start)
             results += _family_results(family, rows, branching, seed)
+            if on_progress is not None:
+                on_progress(len(results) // len(RULES), len(families) * len(ks))
     return results
 
 
@@ -366,7 +373,7 @@ def plot_comparison(results: Sequence[RuleResult], path: str | Path) -> Path:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as error:
-        raise RuntimeError("plotting needs matplotlib: pip install 'specsample[plot]'") from error
+        raise RuntimeError(f"plotting needs matplotlib: {install_command('plot')}") from error
     families = list(dict.fromkeys(r.family for r in results))
     figure, axes = plt.subplots(1, len(families), figsize=(4.5 * len(families), 3.8), squeeze=False)
     for axis, family in zip(axes[0], families, strict=True):

@@ -103,7 +103,8 @@ class SpecsampleRejectionSampler(VllmRejectionSampler):  # type: ignore[misc]
         ``"chain"`` or ``"block"``: the rule for vLLM's ``"standard"`` method
         (``SPECSAMPLE_VLLM_METHOD`` when ``None``).
     backend : str, optional
-        ``"auto"``, ``"torch"`` or ``"triton"`` (``SPECSAMPLE_VLLM_BACKEND`` when ``None``).
+        ``"auto"``, ``"torch"``, ``"triton"`` or ``"cpu"`` (``SPECSAMPLE_VLLM_BACKEND``
+        when ``None``).
 
     Attributes
     ----------

@@ -11,7 +11,7 @@ be told what to do by the environment those processes inherit:
     token, the default) or ``block`` (block verification, never fewer accepted tokens in
     expectation). vLLM's own ``"block"`` always runs block verification.
 ``SPECSAMPLE_VLLM_BACKEND``
-    ``auto`` (the default), ``torch`` or ``triton`` (see :mod:`specsample.backends`).
+    ``auto`` (the default), ``torch``, ``triton`` or ``cpu`` (see :mod:`specsample.backends`).
 
 Examples
 --------
@@ -58,7 +58,7 @@ class Settings:
     method : str
         ``"chain"`` or ``"block"`` (``SPECSAMPLE_VLLM_METHOD``).
     backend : str
-        ``"auto"``, ``"torch"`` or ``"triton"`` (``SPECSAMPLE_VLLM_BACKEND``).
+        ``"auto"``, ``"torch"``, ``"triton"`` or ``"cpu"`` (``SPECSAMPLE_VLLM_BACKEND``).
     """
 
     enabled: bool = False

@@ -191,6 +191,22 @@ def strict_checks(
             raise ValueError(f"{name} must be finite and non-negative (no NaN or inf)")
 
 
+def reachable(num_nodes: int, max_depth: int, max_children: int) -> tuple[int, int]:
+    """The levels and child slots a walk down trees of ``num_nodes`` nodes can use.
+
+    The bounds, each at most ``num_nodes - 1`` (no node lies deeper, none has more
+    children): the loops run over these, so a huge bound costs no work, while the layouts
+    keep the bounds as given (the output's ``max_depth + 1`` columns, the uniform of child
+    slot ``j`` at level ``l`` in column ``l * max_children + j``).
+
+    Examples
+    --------
+    >>> reachable(5, 1, 2**20)
+    (1, 4)
+    """
+    return min(max_depth, num_nodes - 1), min(max_children, num_nodes - 1)
+
+
 def child_table(parents: torch.Tensor, batch: int, max_children: int) -> torch.Tensor:
     """``[batch, N, max_children]`` int64: the ``j``-th child (in index order) of each node, or -1.
 

@@ -224,8 +224,9 @@ def traversal_verify(
         seeded request reads :attr:`~specsample.random.Stream.TRAVERSAL` and its output
         depends only on its seed, its position and its own rows.
     positions : torch.Tensor or sequence of int, optional
-        ``[batch]`` absolute position of each request's first draft (default 0), in
-        ``[0, 2**40)``; advance it by ``num_emitted`` from step to step.
+        ``[batch]`` absolute position of each request's first draft, in ``[0, 2**40)``
+        (required when ``seeding`` has seeds); advance it by ``num_emitted`` from step to
+        step.
     strict : bool
         Also check values (tree structure, token ids, probabilities finite and
         non-negative, positions and given uniforms in range); this synchronises.

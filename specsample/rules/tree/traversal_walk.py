@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specsample.rules.tree.structure import child_table
+from specsample.rules.tree.structure import child_table, reachable
 from specsample.rules.tree.verify import normalized, without
 
 
@@ -74,13 +74,14 @@ def _deleted(
 
 
 def _valid_children(tree: TraversalTree) -> torch.Tensor:
-    """``[batch, N, max_children]`` int64: each node's children with a valid token, in order.
+    """``[batch, N, width]`` int64: each node's children with a valid token, in order.
 
     The first ``max_children`` children of each node (as :func:`child_table`) without those
-    whose token lies outside ``[0, vocab)``, moved to the front; then -1.
+    whose token lies outside ``[0, vocab)``, moved to the front; then -1. ``width`` is the
+    number of child slots a node can use (:func:`reachable`: at most ``N - 1``).
     """
-    ids, vocab, width = tree.ids, tree.target.shape[2], tree.max_children
-    batch = ids.shape[0]
+    ids, (batch, n, vocab) = tree.ids, tree.target.shape
+    width = reachable(n, tree.max_depth, tree.max_children)[1]
     parents = tree.parents.to(device=ids.device, dtype=torch.int64)
     table = child_table(parents, batch, width)
     rows = torch.arange(batch, device=ids.device).view(batch, 1, 1)

@@ -22,7 +22,12 @@ import torch
 
 from specsample.checks import check_bound, check_int, check_step_uniforms, check_uniform_values
 from specsample.random import Seeding, Stream, stripe
-from specsample.seeding import check_position_values, check_seeding, positions_from
+from specsample.seeding import (
+    check_position_values,
+    check_seeding,
+    positions_from,
+    require_positions,
+)
 
 TREE_STRIDE = 1 << 20
 """Child tests a tree step may read per position: ``max_depth * max_children <= TREE_STRIDE``."""
@@ -147,7 +152,7 @@ def step_source(
 
     ``seeding`` is checked against the batch (``None``: every row on torch's default
     generator) and ``positions`` validated as ``[batch]`` int64 on ``device`` (their values
-    too with ``strict``, which synchronises).
+    too with ``strict``, which synchronises); seeds need positions.
 
     Examples
     --------
@@ -157,6 +162,7 @@ def step_source(
     """
     source = check_seeding(seeding, batch, device)
     at = positions_from(positions, batch, device)
+    require_positions(source, at)
     if strict:
         check_position_values(at)
     return source, at

@@ -16,6 +16,7 @@ from specsample.rules.tree.structure import (
     check_draft_probs,
     check_tree,
     child_table,
+    reachable,
     resolve_bounds,
     strict_checks,
 )
@@ -66,21 +67,22 @@ def _verify(
     uniforms: torch.Tensor,
 ) -> TreeVerifyResult:
     """Run ``method`` without any check that it suits the drafting (inputs already checked)."""
-    batch, _, vocab = target_probs.shape
+    batch, n, vocab = target_probs.shape
     device = target_probs.device
     work = torch.float64 if target_probs.dtype == torch.float64 else torch.float32
     ids = draft_token_ids.to(torch.int64)
-    table = child_table(parents.to(device=device, dtype=torch.int64), batch, max_children)
+    levels, slots = reachable(n, max_depth, max_children)
+    table = child_table(parents.to(device=device, dtype=torch.int64), batch, slots)
     walk = Walk.start(batch, max_depth, device)
     rows = walk.rows
     if method == "onehot":
         draft_probs = None
     q = target_probs[:, 0].to(work)
     p = None if draft_probs is None else draft_probs[:, 0].to(work)
-    for level in range(max_depth):
+    for level in range(levels):
         found = torch.zeros(batch, dtype=torch.bool, device=device)
         chosen = walk.current
-        for j in range(max_children):
+        for j in range(slots):
             child = table[rows, walk.current, j]
             token = ids[rows, child.clamp(min=0)]
             trying = walk.active & ~found & (child >= 0) & (token >= 0) & (token < vocab)
@@ -162,7 +164,8 @@ def tree_verify(
         Loop bounds: the depth of the deepest node and the most children of any node.
         When omitted they are read from ``parents`` if it is a host tensor, and otherwise
         set to ``N - 1``, correct but slower: pass them when ``parents`` lives on an
-        accelerator. Smaller values truncate the tree, which stays exact. When the
+        accelerator. Smaller values truncate the tree, which stays exact; larger ones than
+        ``N - 1`` cost no more work than ``N - 1`` (they set only the layouts). When the
         uniforms are drawn, ``max_depth * max_children <= TREE_STRIDE``.
     uniforms : torch.Tensor, optional
         ``[batch, max_depth * max_children + 1]`` float64 in ``[0, 1)`` on the device of
@@ -175,9 +178,10 @@ def tree_verify(
         every request on torch's default generator. Not with ``uniforms``.
     positions : torch.Tensor or sequence of int, optional
         ``[batch]`` absolute position of each request's first draft (the number of tokens
-        before it; default 0), in ``[0, 2**40)``: host ints, or an int64 or int32 tensor on
-        the CPU or the device of ``target_probs``. Advance it by ``num_emitted`` from step
-        to step, so that seeded requests never read a counter twice.
+        before it), in ``[0, 2**40)``: host ints, or an int64 or int32 tensor on the CPU or
+        the device of ``target_probs``; required when ``seeding`` has seeds. Advance it by
+        ``num_emitted`` from step to step, so that seeded requests never read a counter
+        twice.
     strict : bool
         Also check values (the tree structure, token ids of tree nodes, probabilities
         finite and non-negative, positions and given uniforms in range); this
@@ -211,7 +215,9 @@ def tree_verify(
     ...                         [0.0, 0.0, 1.0], [0.0, 1.0, 0.0]]])
     >>> from specsample.seeding import seeding_from
     >>> seeding = seeding_from(1, torch.device("cpu"), seeds=[7])
-    >>> out = tree_verify(target, tokens, parents, drafting="deterministic", seeding=seeding)
+    >>> out = tree_verify(
+    ...     target, tokens, parents, drafting="deterministic", seeding=seeding, positions=[0]
+    ... )
     >>> out.path.tolist(), out.token_ids.tolist(), out.num_emitted.tolist()
     ([[0, 2, -1]], [[1, 2, -1]], [2])
 
@@ -283,19 +289,20 @@ def tree_verify_greedy(
     ([[0, 2, 3]], [[1, 1, 0]], [3])
     """
     target_probs, draft_token_ids, parents = check_tree(target_probs, draft_token_ids, parents)
-    batch = target_probs.shape[0]
+    batch, n, _ = target_probs.shape
     max_depth, max_children = resolve_bounds(parents, max_depth, max_children)
+    levels, slots = reachable(n, max_depth, max_children)
     device = target_probs.device
     ids = draft_token_ids.to(torch.int64)
-    table = child_table(parents.to(device=device, dtype=torch.int64), batch, max_children)
+    table = child_table(parents.to(device=device, dtype=torch.int64), batch, slots)
     best = target_probs.argmax(dim=-1)
     walk = Walk.start(batch, max_depth, device)
     rows = walk.rows
-    for level in range(max_depth):
+    for level in range(levels):
         target_token = best[rows, walk.current]
         found = torch.zeros(batch, dtype=torch.bool, device=device)
         chosen = walk.current
-        for j in range(max_children):
+        for j in range(slots):
             child = table[rows, walk.current, j]
             match = ~found & (child >= 0) & (ids[rows, child.clamp(min=0)] == target_token)
             chosen = torch.where(match, child, chosen)

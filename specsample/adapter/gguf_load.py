@@ -1,0 +1,226 @@
+"""A transformers model and tokenizer from a GGUF file, its tensors read and decoded once.
+
+:func:`loads_itself` tells whether this module loads a file: one of an architecture of
+:data:`ARCHITECTURES` (``llama``: Llama, SmolLM, TinyLlama, ...) whose tensors are all of a
+type :mod:`~specsample.adapter.gguf_quants` decodes (``F32``, ``F16``, ``BF16``, ``Q8_0``,
+``Q4_0``, ``Q4_1``, ``Q5_0``, ``Q5_1``, ``Q2_K`` to ``Q6_K``);
+:mod:`~specsample.adapter.loading` hands any other file to transformers' own GGUF loader.
+
+:func:`load_gguf_model` builds the model's config from the file's metadata
+(:func:`gguf_config`: the keys transformers' GGUF support maps, the same config), decodes
+each tensor from a memory map of the file straight into the float32 tensor the model keeps
+(:func:`read_weights`) and gives them to the transformers model class, which keeps them:
+the model takes the memory of its float32 parameters and little more.
+:func:`load_gguf_tokenizer` builds transformers' own GGUF tokenizer, the one
+``AutoTokenizer`` builds for the architecture, without transformers first parsing the whole
+file for a config. Model and tokenizer are those transformers' GGUF loader gives, tensor
+for tensor and token for token.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from specsample.adapter.gguf import GgufFile, GgufTensor
+from specsample.adapter.gguf_quants import FORMATS, dequantize, tensor_bytes
+
+_LLAMA_GLOBAL = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_LLAMA_LAYER = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def _llama_name(name: str) -> str | None:
+    """The Llama parameter a GGUF tensor is (``blk.3.attn_q.weight``:
+    ``model.layers.3.self_attn.q_proj.weight``), ``None`` for one it has no place for."""
+    stem, _, suffix = name.rpartition(".")
+    if stem in _LLAMA_GLOBAL:
+        return f"{_LLAMA_GLOBAL[stem]}.{suffix}"
+    block, _, part = stem.partition(".")[2].partition(".")
+    if stem.startswith("blk.") and block.isdigit() and part in _LLAMA_LAYER:
+        return f"model.layers.{block}.{_LLAMA_LAYER[part]}.{suffix}"
+    return None
+
+
+def _llama_heads(name: str, config: dict[str, Any]) -> int | None:
+    """How many heads a query or key tensor's rows interleave, ``None`` for other tensors.
+
+    llama.cpp stores the query and key rows of each head with its two rotary halves
+    interleaved; a file that does not give both head counts is left as stored, as
+    transformers leaves it.
+    """
+    heads, kv_heads = config.get("num_attention_heads"), config.get("num_key_value_heads")
+    if heads is None or kv_heads is None:
+        return None
+    return heads if ".attn_q." in name else kv_heads if ".attn_k." in name else None
+
+
+class Architecture(NamedTuple):
+    """How to load the GGUF files of one architecture (:data:`ARCHITECTURES`).
+
+    Attributes
+    ----------
+    model_class, tokenizer_class : str
+        The transformers classes.
+    parameter : callable
+        A GGUF tensor name to the parameter name, ``None`` for a tensor to skip.
+    heads : callable
+        ``(tensor name, config dict)`` to the number of heads whose rows the file stores
+        interleaved, ``None`` for a tensor stored as the model keeps it.
+    """
+
+    model_class: str
+    tokenizer_class: str
+    parameter: Callable[[str], str | None]
+    heads: Callable[[str, dict[str, Any]], int | None]
+
+
+ARCHITECTURES = {
+    "llama": Architecture("LlamaForCausalLM", "PreTrainedTokenizerFast", _llama_name, _llama_heads),
+}
+"""The architectures :func:`load_gguf_model` loads, by ``general.architecture``."""
+
+
+def loads_itself(file: GgufFile) -> bool:
+    """Whether :func:`load_gguf_model` loads ``file``: its architecture and tensor types."""
+    return file.architecture in ARCHITECTURES and all(t.kind in FORMATS for t in file.tensors)
+
+
+def _config_values(file: GgufFile) -> dict[str, Any]:
+    """The config keys the file's metadata gives, renamed as transformers' GGUF support does."""
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+    values = {}
+    for key, value in file.metadata.items():
+        prefix, _, rest = key.partition(".")
+        section = GGUF_CONFIG_MAPPING.get(prefix)
+        renamed = section.get(rest) if isinstance(section, dict) else None
+        if renamed is not None and renamed != -1:
+            values[renamed] = value
+    values["tie_word_embeddings"] = all(t.name != "output.weight" for t in file.tensors)
+    tokens = file.metadata.get("tokenizer.ggml.tokens")
+    if "vocab_size" not in values and isinstance(tokens, list):
+        values["vocab_size"] = len(tokens)
+    return values
+
+
+def gguf_config(file: GgufFile) -> Any:
+    """The transformers config of a GGUF file, from its metadata.
+
+    Raises
+    ------
+    ValueError
+        ``file`` is not one :func:`loads_itself`.
+    """
+    if not loads_itself(file):
+        raise ValueError(f"file must be a GGUF file of {', '.join(ARCHITECTURES)}: {file.path}")
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(**_config_values(file))
+
+
+def _decode(raw: np.ndarray, tensor: GgufTensor, heads: int | None) -> torch.Tensor:
+    """One tensor as float32, its rows put back in the model's order when ``heads`` is set."""
+    values = torch.empty(tensor.shape, dtype=torch.float32)
+    if heads is None:
+        dequantize(tensor.kind, raw, values.numpy().reshape(-1))
+        return values
+    stored = np.empty(values.numel(), dtype=np.float32)
+    dequantize(tensor.kind, raw, stored)
+    rows, rest = tensor.shape[0], tensor.shape[1:]
+    half = rows // heads // 2
+    order = stored.reshape(heads, half, 2, *rest).swapaxes(1, 2)
+    np.copyto(values.numpy().reshape(heads, 2, half, *rest), order)
+    return values
+
+
+def read_weights(file: GgufFile) -> dict[str, torch.Tensor]:
+    """The file's tensors as float32, under the parameter names of its architecture.
+
+    The file is memory-mapped and each tensor decoded into the tensor returned (query and
+    key rows through one tensor-sized buffer); tensors the model has no place for are
+    skipped.
+
+    Raises
+    ------
+    ValueError
+        ``file`` is not one :func:`loads_itself`, or a tensor's data lies past its end.
+    """
+    if not loads_itself(file):
+        raise ValueError(f"file must be a GGUF file of {', '.join(ARCHITECTURES)}: {file.path}")
+    architecture = ARCHITECTURES[str(file.architecture)]
+    config = _config_values(file)
+    with file.path.open("rb") as handle:
+        data = np.frombuffer(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
+    weights = {}
+    for tensor in file.tensors:
+        name = architecture.parameter(tensor.name)
+        if name is None:
+            continue
+        end = tensor.offset + tensor_bytes(tensor.kind, math.prod(tensor.shape))
+        if end > data.size:
+            raise ValueError(f"GGUF file ends inside tensor {tensor.name}: {file.path}")
+        raw = data[tensor.offset : end]
+        weights[name] = _decode(raw, tensor, architecture.heads(tensor.name, config))
+    return weights
+
+
+def load_gguf_model(file: GgufFile) -> Any:
+    """The transformers causal LM a GGUF file holds, float32, in eval mode.
+
+    Raises
+    ------
+    ValueError
+        ``file`` is not one :func:`loads_itself`, is cut short, or lacks a tensor the model
+        needs (the message names them).
+    """
+    import transformers
+
+    config = gguf_config(file)
+    model_class = getattr(transformers, ARCHITECTURES[str(file.architecture)].model_class)
+    model, info = model_class.from_pretrained(
+        None, config=config, state_dict=read_weights(file), output_loading_info=True
+    )
+    if info["missing_keys"]:
+        missing = ", ".join(sorted(info["missing_keys"]))
+        raise ValueError(f"GGUF file lacks the tensors of {missing}: {file.path}")
+    model.name_or_path = model.config.name_or_path = str(file.path.parent)
+    return model.eval()
+
+
+def load_gguf_tokenizer(file: GgufFile) -> Any:
+    """transformers' tokenizer of a GGUF file, of the class ``AutoTokenizer`` picks for it.
+
+    Raises
+    ------
+    ValueError
+        ``file`` is not of an architecture of :data:`ARCHITECTURES`.
+    """
+    architecture = ARCHITECTURES.get(str(file.architecture))
+    if architecture is None:
+        raise ValueError(f"file must be a GGUF file of {', '.join(ARCHITECTURES)}: {file.path}")
+    import transformers
+
+    tokenizer_class = getattr(transformers, architecture.tokenizer_class)
+    path = file.path.resolve()
+    return tokenizer_class.from_pretrained(
+        str(path.parent), gguf_file=str(path), local_files_only=True
+    )

@@ -1,0 +1,344 @@
+"""The chain rule on flattened logits as one fused pass per sequence, and the row sums it needs.
+
+:func:`row_stats` computes the :class:`specsample.probs.RowStats` of rows with no filter
+(temperature alone) from their largest logits: one pass over each row. :func:`chain_logits` then
+verifies a ragged batch as :func:`specsample.backends.eager.verify_logits` does with
+``method="chain"``: for each sequence it walks its drafts until the first rejection, reading
+``q(x)`` (and ``p(x)``) of each draft alone, then builds the target and draft rows at that
+position once, in float32, and draws from their residual with
+:func:`specsample.native.chain.draw_residual` (the hierarchy of
+:mod:`specsample.rules.residual`). Sequences run in parallel; nothing of size
+``[batch, vocab]`` is allocated besides two rows per sequence being drawn.
+
+Probabilities are ``exp(z - log_norm)`` with ``z`` as :func:`specsample.probs.scaled_logits`
+computes it, in float32. :func:`exp32` is a float32 exponential accurate to about one unit in
+the last place, written so that the compiler vectorises it; PyTorch's own ``exp`` rounds
+differently in about one value in ten, by one unit in the last place. So both backends draw
+the same tokens unless a uniform falls within a relative ``1e-7`` of an accept threshold or
+a cell boundary, as with the Triton backend's exponential.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from specsample.native.chain import draw_residual
+from specsample.native.jit import njit, prange
+
+_LOG2E = np.float32(1.44269504)
+_LN2_HIGH = np.float32(0.693359375)
+_LN2_LOW = np.float32(-2.12194440e-4)
+_P = (
+    np.float32(1.9875691500e-4),
+    np.float32(1.3981999507e-3),
+    np.float32(8.3334519073e-3),
+    np.float32(4.1665795894e-2),
+    np.float32(1.6666665459e-1),
+    np.float32(5.0000001201e-1),
+)
+
+
+@intrinsic
+def _bits_to_float32(typingctx, bits):  # type: ignore[no-untyped-def]
+    """The float32 whose IEEE bits are the int32 ``bits``."""
+    signature = types.float32(types.int32)
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return signature, codegen
+
+
+@njit(inline="always")
+def _power_of_two(n: np.int32) -> np.float32:
+    """``2 ** n`` for an integer ``n`` in ``[-126, 127]``."""
+    return _bits_to_float32(np.int32((n + np.int32(127)) << np.int32(23)))  # type: ignore[call-arg]
+
+
+@njit(inline="always")
+def exp32(x: np.float32) -> np.float32:
+    """``exp(x)`` in float32 for ``x <= 0`` (``-inf`` gives 0), to about one ulp.
+
+    Range reduction ``x = n log 2 + r`` with ``|r| <= log(2) / 2`` (``log 2`` split in two
+    parts so ``n log 2`` is exact), a degree-7 polynomial for ``exp(r)``, then the scaling by
+    ``2 ** n`` in two exact halves, so results below float32's smallest normal number round
+    as a single multiplication would.
+    """
+    x = max(x, np.float32(-104.0))
+    n = np.floor(x * _LOG2E + np.float32(0.5))
+    r = x - n * _LN2_HIGH - n * _LN2_LOW
+    poly = ((((_P[0] * r + _P[1]) * r + _P[2]) * r + _P[3]) * r + _P[4]) * r + _P[5]
+    y = poly * (r * r) + r + np.float32(1.0)
+    half = np.int32(n) >> np.int32(1)
+    return y * _power_of_two(half) * _power_of_two(np.int32(n) - half)
+
+
+@njit(inline="always")
+def scaled(value: np.float32, shift: np.float32, scale: np.float32) -> np.float32:
+    """``z`` of one logit, as :func:`specsample.probs.scaled_logits` computes it."""
+    if value == shift:
+        return np.float32(0.0)
+    z = np.float32(value - shift) * scale
+    return np.float32(0.0) if np.isnan(z) else z
+
+
+@njit(inline="always")
+def prob(value: np.float32, shift: np.float32, scale: np.float32, cut: np.float32,
+         log_norm: np.float32) -> np.float32:  # fmt: skip
+    """``q`` of one logit: ``exp(z - log_norm)`` where ``z >= cut``, else 0."""
+    z = scaled(value, shift, scale)
+    return exp32(z - log_norm) if z >= cut else np.float32(0.0)
+
+
+@njit(fastmath={"reassoc"})
+def _exp_sum_into(row: np.ndarray, shift: np.float32, scale: np.float32, out: np.ndarray
+                  ) -> np.float32:  # fmt: skip
+    """``sum exp(z)`` of one row (float32, any order of additions), keeping each ``exp(z)``
+    in ``out``: the one sum of every log-norm the kernels compute, so a row's log-norm does
+    not depend on which kernel computed it."""
+    total = np.float32(0.0)
+    for i in range(row.shape[0]):
+        e = exp32(scaled(row[i], shift, scale))
+        out[i] = e
+        total += e
+    return total
+
+
+@njit(fastmath={"nnan", "nsz"})
+def _largest(row: np.ndarray) -> np.float32:
+    """The largest value of a float32 row without NaN (the compiler vectorises it)."""
+    top = np.float32(-np.inf)
+    for i in range(row.shape[0]):
+        top = max(top, row[i])
+    return top
+
+
+@njit
+def _has_nan(bits: np.ndarray) -> bool:
+    """Whether a float32 row, given as its int32 bits, holds a NaN."""
+    found = 0
+    for i in range(bits.shape[0]):
+        found |= (bits[i] & 0x7FFFFFFF) > 0x7F800000
+    return found != 0
+
+
+@njit(inline="always")
+def _row_stats(logits: np.ndarray, top: np.ndarray, index: np.ndarray, stats: np.ndarray,
+               argmax: np.ndarray, norms: bool, r: int) -> None:  # fmt: skip
+    """The statistics of row ``r`` (see :func:`row_stats`)."""
+    row = logits[r]
+    top[r] = np.nan if _has_nan(row.view(np.int32)) else _largest(row)
+    if np.isnan(top[r]) or top[r] == -np.inf:
+        stats[0, r], stats[2, r], stats[3, r], argmax[r], index[r] = 0.0, np.nan, np.inf, 0, 0
+        return
+    first = 0
+    while row[first] != top[r]:
+        first += 1
+    index[r] = first
+    stats[0, r], stats[2, r], stats[3, r], argmax[r] = top[r], -np.inf, np.nan, first
+    if norms:
+        _fill_norm(logits, stats, r)
+
+
+@njit(inline="always")
+def _fill_norm(logits: np.ndarray, stats: np.ndarray, r: int) -> None:
+    """Compute the log-norm of row ``r`` where it is not yet known (NaN on a row with a
+    distribution: its cutoff is not NaN)."""
+    if np.isnan(stats[3, r]) and not np.isnan(stats[2, r]):
+        scratch = np.empty(logits.shape[1], np.float32)
+        stats[3, r] = np.log(_exp_sum_into(logits[r], stats[0, r], stats[1, r], scratch))
+
+
+@njit(parallel=True)
+def row_stats(
+    logits: np.ndarray,
+    top: np.ndarray,
+    index: np.ndarray,
+    stats: np.ndarray,
+    argmax: np.ndarray,
+    norms: bool,
+) -> None:
+    """The :class:`specsample.probs.RowStats` of ``[rows, vocab]`` float32 rows with no filter,
+    rows in parallel, each read once from memory.
+
+    The kernel writes each row's largest logit into ``top`` (NaN when the row holds one, as
+    ``torch.max``) and the index of its first occurrence into ``index``; ``stats[1]`` holds
+    the rows' ``1 / T`` and the kernel writes the shift, cutoff and log-norm into
+    ``stats[0]``, ``stats[2]`` and ``stats[3]``, and ``argmax``, with the conventions of
+    :func:`specsample.probs.row_stats` for a row without a distribution. Without ``norms``,
+    the log-norms of rows with a distribution are left NaN: :func:`chain_logits` computes
+    those of the rows it reads.
+    """
+    for r in prange(logits.shape[0]):
+        _row_stats(logits, top, index, stats, argmax, norms, r)
+
+
+@njit
+def row_stats_serial(
+    logits: np.ndarray,
+    top: np.ndarray,
+    index: np.ndarray,
+    stats: np.ndarray,
+    argmax: np.ndarray,
+    norms: bool,
+) -> None:
+    """:func:`row_stats` on the calling thread (for work too small to share)."""
+    for r in range(logits.shape[0]):
+        _row_stats(logits, top, index, stats, argmax, norms, r)
+
+
+@njit
+def fill_norms(logits: np.ndarray, stats: np.ndarray) -> None:
+    """Compute the log-norms :func:`row_stats` left NaN (``stats`` ``[4, rows]`` as there)."""
+    for r in range(logits.shape[0]):
+        _fill_norm(logits, stats, r)
+
+
+@njit(inline="always")
+def _fill_probs(row: np.ndarray, stats: np.ndarray, r: int, out: np.ndarray) -> None:
+    """``out = q`` of logits ``row``, with ``stats[:, r]`` = (shift, scale, cut, log_norm)."""
+    shift, scale, cut, log_norm = stats[0, r], stats[1, r], stats[2, r], stats[3, r]
+    for i in range(row.shape[0]):
+        out[i] = prob(row[i], shift, scale, cut, log_norm)
+
+
+@njit(inline="always")
+def _draft_prob(draft: np.ndarray, draft_stats: np.ndarray, row: int, x: int) -> float:
+    """``p(x)`` at a draft row: given probabilities, or from logits; 1 for one-hot drafts."""
+    if draft.shape[0] == 0:
+        return 1.0
+    if draft_stats.shape[1] == 0:
+        return np.float64(draft[row, x])
+    _fill_norm(draft, draft_stats, row)
+    s = draft_stats
+    return np.float64(prob(draft[row, x], s[0, row], s[1, row], s[2, row], s[3, row]))
+
+
+@njit(inline="always")
+def _draft_row(draft: np.ndarray, draft_stats: np.ndarray, row: int, x: int, rejected: bool,
+               out: np.ndarray) -> None:  # fmt: skip
+    """``out = p`` at the draw: the rejected draft's row (a one-hot row without draft rows,
+    the draft ``x`` removed), or zeros where no draft applies (``q`` itself is drawn)."""
+    out[:] = 0.0
+    if not rejected:
+        return
+    if draft.shape[0] == 0:
+        if 0 <= x < out.shape[0]:
+            out[x] = 1.0
+    elif draft_stats.shape[1] == 0:
+        for i in range(out.shape[0]):
+            out[i] = np.float32(draft[row, i])
+    else:
+        _fill_norm(draft, draft_stats, row)
+        _fill_probs(draft[row], draft_stats, row, out)
+
+
+@njit(inline="always")
+def _verify_one(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layout: np.ndarray,
+                ids: np.ndarray, draft: np.ndarray, draft_stats: np.ndarray,
+                uniforms: np.ndarray, token_ids: np.ndarray, num_accepted: np.ndarray,
+                b: int) -> None:  # fmt: skip
+    """Verify sequence ``b`` (see :func:`chain_logits`)."""
+    rows, vocab = target.shape
+    drafts, first, start, greedy = layout[0, b], layout[1, b], layout[2, b], layout[3, b]
+    q_row = np.empty(0 if greedy else vocab, np.float32)
+    exps, exps_total = -1, np.float32(1.0)  # the row whose exp(z) q_row holds, and its sum
+    n = 0
+    while n < drafts:
+        x, row = ids[first + n], min(start + n, rows - 1)
+        if x < 0 or x >= vocab or np.isnan(stats[2, row]):
+            break
+        if greedy:
+            if x != argmax[row]:
+                break
+        else:
+            if np.isnan(stats[3, row]):
+                exps_total = _exp_sum_into(target[row], stats[0, row], stats[1, row], q_row)
+                stats[3, row], exps = np.log(exps_total), row
+            s = stats[:, row]
+            q = np.float64(prob(target[row, x], s[0], s[1], s[2], s[3]))
+            if not uniforms[b, n] * _draft_prob(draft, draft_stats, first + n, x) < q:
+                break
+        n += 1
+    row = min(start + n, rows - 1)
+    final = argmax[row]
+    if layout[4, b] >= 0 and n == drafts:
+        final = layout[4, b]
+    elif not greedy:
+        if exps == row:  # q = exp(z) / sum, the sum just taken
+            inverse = np.float32(1.0) / exps_total
+            for i in range(vocab):
+                q_row[i] *= inverse
+        else:
+            _fill_norm(target, stats, row)
+            _fill_probs(target[row], stats, row, q_row)
+        x = ids[first + n] if n < drafts else -1
+        d_row = min(first + n, max(ids.shape[0] - 1, 0))
+        u = uniforms[b, uniforms.shape[1] - 1]
+        if n < drafts and draft.shape[0] and draft_stats.shape[1] == 0 and draft.itemsize == 4:
+            final = draw_residual(q_row, draft[d_row], u)  # float32 probabilities, as given
+        else:
+            p_row = np.empty(vocab, np.float32)
+            _draft_row(draft, draft_stats, d_row, x, n < drafts, p_row)
+            final = draw_residual(q_row, p_row, u)
+    for j in range(n):
+        token_ids[b, j] = ids[first + j]
+    token_ids[b, n] = final
+    num_accepted[b] = n
+
+
+@njit(parallel=True)
+def chain_logits(
+    target: np.ndarray,
+    stats: np.ndarray,
+    argmax: np.ndarray,
+    layout: np.ndarray,
+    ids: np.ndarray,
+    draft: np.ndarray,
+    draft_stats: np.ndarray,
+    uniforms: np.ndarray,
+    token_ids: np.ndarray,
+    num_accepted: np.ndarray,
+) -> None:
+    """Verify a ragged batch on flattened logits into ``token_ids`` and ``num_accepted``,
+    sequences in parallel.
+
+    - ``target``: ``[rows, vocab]`` float32 logits;
+    - ``stats``: ``[4, rows]`` float32 shift, inverse temperature, cutoff and log-norm of each
+      target row (the log-norm NaN where not yet computed, for a row with no filter);
+    - ``argmax``: ``[rows]`` int64;
+    - ``layout``: ``[5, batch]`` int64 drafts, first draft row, first target row, greedy,
+      and the given bonus token (or -1) of each sequence;
+    - ``ids``: ``[total_drafts]`` int64 drafts;
+    - ``draft``: ``[total_drafts, vocab]`` probabilities, or logits with their
+      ``draft_stats`` ``[4, total_drafts]`` (``[4, 0]`` with probabilities); ``[0, 0]`` for
+      one-hot drafts;
+    - ``uniforms``: ``[batch, max_drafts + 1]`` float64 (``[batch, 0]`` when every request is
+      greedy);
+    - ``token_ids``: ``[batch, max_drafts + 1]`` int64, filled with -1 by the caller.
+    """
+    for b in prange(layout.shape[1]):
+        _verify_one(target, stats, argmax, layout, ids, draft, draft_stats, uniforms, token_ids,
+                    num_accepted, b)  # fmt: skip
+
+
+@njit
+def chain_logits_serial(
+    target: np.ndarray,
+    stats: np.ndarray,
+    argmax: np.ndarray,
+    layout: np.ndarray,
+    ids: np.ndarray,
+    draft: np.ndarray,
+    draft_stats: np.ndarray,
+    uniforms: np.ndarray,
+    token_ids: np.ndarray,
+    num_accepted: np.ndarray,
+) -> None:
+    """:func:`chain_logits` on the calling thread (for work too small to share)."""
+    for b in range(layout.shape[1]):
+        _verify_one(target, stats, argmax, layout, ids, draft, draft_stats, uniforms, token_ids,
+                    num_accepted, b)  # fmt: skip

@@ -1,0 +1,232 @@
+"""The fused CPU backend on logits (:mod:`specsample.native.logits`, through
+:mod:`specsample.backends.cpu`).
+
+:func:`~specsample.native.logits.exp32` is within one unit in the last place of the exact
+exponential. Given the same uniforms, ``verify(..., backend="cpu")`` returns the PyTorch
+backend's tokens and accepted counts, column for column: on random ragged batches (every kind
+of draft rows: none, float32 and float64 probabilities, logits; given bonus tokens; greedy,
+sampled and mixed requests), on extreme logits (infinities, NaN, all ``-inf`` rows, ``3e38``
+at a low temperature, ids outside the vocabulary), on non-contiguous rows, and where the
+backend runs PyTorch's code (filters, the block rule, half precision, no drafts). The row
+statistics the kernel computes agree with PyTorch's. The exactness harness runs on the
+backend, on logits. Every test waits for the background compilation first, and is skipped
+without numba.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from specsample import verify
+from specsample.backends import cpu, eager
+from specsample.metadata import SamplingMetadata
+from specsample.native import jit
+from specsample.testing import exactness_report
+from tests.test_logits_exactness import (
+    _assert_positions,
+    _family,
+    _one_hot_acceptance,
+    _tables,
+    logits_verifier,
+)
+
+pytestmark = pytest.mark.skipif(not jit.available(), reason="the CPU backend needs numba")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _compiled() -> None:
+    jit.warm_up(wait=True)
+    assert jit.ready()
+
+
+def test_exp32_is_within_one_ulp_of_the_exact_exponential() -> None:
+    from specsample.native.logits import exp32
+
+    @jit.njit
+    def exp_all(x: np.ndarray, out: np.ndarray) -> None:
+        for i in range(x.shape[0]):
+            out[i] = exp32(x[i])
+
+    rng = np.random.default_rng(0)
+    x = -np.abs(rng.standard_normal(200_000).astype(np.float32) * 30)
+    x = np.concatenate([x, np.float32([0.0, -0.0, -1e-30, -87.4, -103.2, -104.0, -200.0])])
+    out = np.empty_like(x)
+    exp_all(x, out)
+    exact = np.exp(x.astype(np.float64)).astype(np.float32)
+    ulps = np.abs(out.view(np.int32).astype(np.int64) - exact.view(np.int32).astype(np.int64))
+    assert ulps.max() <= 1
+    x = np.float32([-np.inf])
+    exp_all(x, out[:1])
+    assert out[0] == 0.0
+
+
+Case = tuple[torch.Tensor, torch.Tensor, list[int], dict[str, Any]]
+
+
+def _case(seed: int, draft_kind: str, *, vocab: int | None = None) -> Case:
+    """A random ragged batch: target logits, drafts, counts and the other arguments."""
+    gen = torch.Generator().manual_seed(seed)
+    batch = int(torch.randint(1, 7, (1,), generator=gen))
+    vocab = vocab or int(torch.randint(2, 3000, (1,), generator=gen))
+    counts = torch.randint(0, 5, (batch,), generator=gen).tolist()
+    drafts = sum(counts)
+    given_bonus = seed % 3 == 0
+    target = torch.randn(drafts + (0 if given_bonus else batch), vocab, generator=gen) * 3
+    ids = torch.randint(0, vocab, (drafts,), generator=gen)
+    rows = torch.randn(drafts, vocab, generator=gen) * 2
+    kwargs: dict[str, Any] = {
+        "none": {},
+        "probs32": {"draft_probs": torch.softmax(rows, -1)},
+        "probs64": {"draft_probs": torch.softmax(rows.double(), -1)},
+        "logits": {"draft_logits": rows},
+    }[draft_kind]
+    kwargs["temperature"] = [
+        0.0 if float(torch.rand(1, generator=gen)) < 0.3 else 0.7 for _ in range(batch)
+    ]
+    kwargs["uniforms"] = torch.rand(batch, max(counts) + 1, generator=gen, dtype=torch.float64)
+    if given_bonus:
+        kwargs["bonus_token_ids"] = torch.randint(0, vocab, (batch,), generator=gen)
+    return target, ids, counts, kwargs
+
+
+def _assert_same(target: torch.Tensor, ids: torch.Tensor, counts: list[int], **kw: Any) -> None:
+    expected = verify(target, ids, counts, backend="torch", **kw)
+    got = verify(target, ids, counts, backend="cpu", **kw)
+    assert torch.equal(got.token_ids, expected.token_ids)
+    assert torch.equal(got.num_accepted, expected.num_accepted)
+
+
+@pytest.mark.parametrize("draft_kind", ["none", "probs32", "probs64", "logits"])
+def test_same_tokens_as_the_pytorch_backend(draft_kind: str) -> None:
+    for seed in range(40):
+        target, ids, counts, kwargs = _case(seed, draft_kind)
+        _assert_same(target, ids, counts, **kwargs)
+
+
+@pytest.mark.parametrize("draft_kind", ["none", "probs32", "logits"])
+def test_extreme_logits_give_the_same_tokens(draft_kind: str) -> None:
+    """Infinities, NaN, rows without a distribution, huge logits at a low temperature, ids
+    outside the vocabulary, uniforms at the edges."""
+    target, ids, counts, kwargs = _case(4, draft_kind, vocab=1500)
+    rows = target.shape[0]
+    target[0, 3] = math.inf
+    target[1 % rows, 5] = math.nan
+    target[2 % rows] = -math.inf
+    target[3 % rows, :10] = 3e38
+    target[4 % rows, 7] = -math.inf
+    target[5 % rows, 0] = math.inf
+    target[5 % rows, 9] = math.inf
+    if ids.numel():
+        ids[0] = 1500
+        ids[-1] = -1
+    kwargs["temperature"] = [0.05 if t else 0.0 for t in kwargs["temperature"]]
+    kwargs["uniforms"][:, 0] = 0.0
+    kwargs["uniforms"][:, -1] = 1.0 - 2.0**-53
+    _assert_same(target, ids, counts, **kwargs)
+
+
+def test_non_contiguous_rows_give_the_same_tokens() -> None:
+    target, ids, counts, kwargs = _case(5, "logits", vocab=700)
+    wide = torch.cat([target, target], dim=-1)[:, :700]
+    draft = kwargs.pop("draft_logits")
+    strided = torch.cat([draft, draft], dim=-1)[:, :700]
+    _assert_same(target, ids, counts, **kwargs, draft_logits=draft)
+    _assert_same(wide, ids, counts, **kwargs, draft_logits=strided)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"top_k": 5},
+        {"top_p": 0.8},
+        {"min_p": 0.1},
+        {"method": "block"},
+        {"return_logprobs": True},
+    ],
+    ids=str,
+)
+def test_what_the_kernel_does_not_take_gives_the_same_result(extra: dict[str, Any]) -> None:
+    """Filters and the block rule run PyTorch's code; log-probabilities read full statistics."""
+    for seed in (1, 2, 4, 5):
+        target, ids, counts, kwargs = _case(seed, "probs32")
+        if "bonus_token_ids" in kwargs and "return_logprobs" in extra:
+            continue
+        expected = verify(target, ids, counts, backend="torch", **kwargs, **extra)
+        got = verify(target, ids, counts, backend="cpu", **kwargs, **extra)
+        assert torch.equal(got.token_ids, expected.token_ids)
+        if expected.logprobs is not None:
+            torch.testing.assert_close(got.logprobs, expected.logprobs, equal_nan=True)
+
+
+def test_half_precision_and_no_drafts_run_the_pytorch_code() -> None:
+    target, ids, counts, kwargs = _case(7, "probs32")
+    _assert_same(target.bfloat16(), ids, counts, **kwargs)
+    kwargs.pop("draft_probs")
+    kwargs["uniforms"] = kwargs["uniforms"][:, :1]
+    batch = len(counts)
+    _assert_same(target[:batch], ids[:0], [0] * batch, **kwargs)
+
+
+def test_row_statistics_agree_with_pytorch() -> None:
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 5000, generator=gen) * 4
+    logits[1, 4] = math.inf
+    logits[2] = -math.inf
+    logits[3, 8] = math.nan
+    sampling = SamplingMetadata.build(6, logits.device, temperature=[0.5, 1.0, 1.0, 2.0, 0.0, 1.5])
+    expected = eager.row_stats(logits, sampling, need_norm=True)
+    full = cpu.row_stats(logits, sampling, need_norm=True)
+    assert torch.equal(full.argmax, expected.argmax)
+    assert torch.equal(full.shift, expected.shift)
+    assert torch.equal(full.cutoff.isnan(), expected.cutoff.isnan())
+    torch.testing.assert_close(full.log_norm, expected.log_norm, rtol=1e-6, atol=1e-6)
+    lazy = cpu.row_stats(logits, sampling, need_norm=False)
+    assert torch.equal(lazy.argmax, expected.argmax)
+    usable = ~expected.cutoff.isnan()
+    assert bool(lazy.log_norm[usable].isnan().all())
+
+
+def test_calls_before_compilation_run_the_pytorch_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    from specsample.native import logits
+
+    def kernel(*args: object) -> None:
+        raise AssertionError("the kernel ran before it was ready")
+
+    monkeypatch.setattr(jit, "ready", lambda: False)
+    for name in ("chain_logits", "chain_logits_serial", "row_stats", "row_stats_serial"):
+        monkeypatch.setattr(logits, name, kernel)
+    target, ids, counts, kwargs = _case(8, "logits")
+    _assert_same(target, ids, counts, **kwargs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("draft_mode", ["probs", "logits", "none"])
+def test_exact_on_the_cpu_backend_on_logits(draft_mode: str) -> None:
+    """The harness on ``verify(..., backend="cpu")`` at temperature 0.8: 100,000 rows, k = 3,
+    8 tokens (as ``tests/test_logits_exactness.py``; one-hot drafts are accepted with
+    probability ``q(x)``, so their acceptance is compared with its own expectation).
+
+    False-failure rate <= 1e-4 (Bonferroni over the k + 3 tests); TV >= 0.0123 at position 0
+    detected with probability >= 99%.
+    """
+    logits, draft = _tables(21)
+    params = {"temperature": 0.8}
+    family = _family("cpu-logits", logits, draft, params)
+    verifier = logits_verifier(logits, {**params, "backend": "cpu"}, draft_mode)
+    rows = 100_000
+    report = exactness_report(verifier, family, rows=rows, seed=4)
+    assert report.detectable_tv(0, 1e-4) <= 0.0123
+    if draft_mode != "none":
+        assert report.passed(1e-4), str(report)
+        return
+    _assert_positions(report)
+    rate, mean, variance = _one_hot_acceptance(family)
+    z_max = report.z_threshold(1e-4)
+    z_rate = (report.acceptance_rate - rate) / math.sqrt(rate * (1 - rate) / rows)
+    z_mean = (report.mean_accepted - mean) / math.sqrt(variance / rows)
+    assert abs(z_rate) < z_max and abs(z_mean) < z_max, (z_rate, z_mean, str(report))
