@@ -148,7 +148,7 @@ def _kernel_stats(
     """The statistics of float32 rows with no filter, by the kernel."""
     from specsample.native import logits as kernels
 
-    parallel = norms and logits.numel() >= _PARALLEL_ELEMENTS
+    parallel = logits.numel() >= _PARALLEL_ELEMENTS
     kernel = kernels.row_stats if parallel else kernels.row_stats_serial
     rows = logits.shape[0]
     stats = torch.empty(4, rows)

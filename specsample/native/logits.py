@@ -100,6 +100,12 @@ def _exp_sum_into(row: np.ndarray, shift: np.float32, scale: np.float32, out: np
     in ``out``: the one sum of every log-norm the kernels compute, so a row's log-norm does
     not depend on which kernel computed it."""
     total = np.float32(0.0)
+    if np.isfinite(shift):  # then z = (value - shift) * scale exactly, as scaled() gives it
+        for i in range(row.shape[0]):
+            e = exp32((row[i] - shift) * scale)
+            out[i] = e
+            total += e
+        return total
     for i in range(row.shape[0]):
         e = exp32(scaled(row[i], shift, scale))
         out[i] = e
@@ -107,13 +113,32 @@ def _exp_sum_into(row: np.ndarray, shift: np.float32, scale: np.float32, out: np
     return total
 
 
+_LANES = 16
+"""Independent maxima :func:`_largest` keeps, so that the compiler vectorises the loop."""
+
+
 @njit(fastmath={"nnan", "nsz"})
-def _largest(row: np.ndarray) -> np.float32:
-    """The largest value of a float32 row without NaN (the compiler vectorises it)."""
-    top = np.float32(-np.inf)
-    for i in range(row.shape[0]):
-        top = max(top, row[i])
-    return top
+def _largest(row: np.ndarray) -> tuple[np.float32, int]:
+    """The largest value of a float32 row without NaN and the index of its first occurrence
+    (``-inf`` and 0 for an empty row or one of ``-inf`` alone)."""
+    n = row.shape[0]
+    lane_top = np.full(_LANES, -np.inf, np.float32)
+    lane_index = np.zeros(_LANES, np.int64)
+    whole = n - n % _LANES
+    for start in range(0, whole, _LANES):
+        for j in range(_LANES):
+            v = row[start + j]
+            better = v > lane_top[j]
+            lane_top[j] = v if better else lane_top[j]
+            lane_index[j] = start + j if better else lane_index[j]
+    top, index = np.float32(-np.inf), 0
+    for i in range(whole, n):
+        if row[i] > top:
+            top, index = row[i], i
+    for j in range(_LANES):
+        if lane_top[j] > top or (lane_top[j] == top and lane_index[j] < index):
+            top, index = lane_top[j], lane_index[j]
+    return top, index
 
 
 @njit
@@ -130,15 +155,13 @@ def _row_stats(logits: np.ndarray, top: np.ndarray, index: np.ndarray, stats: np
                argmax: np.ndarray, norms: bool, r: int) -> None:  # fmt: skip
     """The statistics of row ``r`` (see :func:`row_stats`)."""
     row = logits[r]
-    top[r] = np.nan if _has_nan(row.view(np.int32)) else _largest(row)
+    top[r], index[r] = _largest(row)
+    if _has_nan(row.view(np.int32)):
+        top[r] = np.nan
     if np.isnan(top[r]) or top[r] == -np.inf:
         stats[0, r], stats[2, r], stats[3, r], argmax[r], index[r] = 0.0, np.nan, np.inf, 0, 0
         return
-    first = 0
-    while row[first] != top[r]:
-        first += 1
-    index[r] = first
-    stats[0, r], stats[2, r], stats[3, r], argmax[r] = top[r], -np.inf, np.nan, first
+    stats[0, r], stats[2, r], stats[3, r], argmax[r] = top[r], -np.inf, np.nan, index[r]
     if norms:
         _fill_norm(logits, stats, r)
 
