@@ -1,5 +1,6 @@
 """Compilation of the CPU kernels (:mod:`specsample.native.jit`): where the cache lives, and
-that nothing is written inside the installed package."""
+that nothing is written inside the installed package, and the serial twins of the parallel
+kernels (:func:`specsample.native.jit.serial`)."""
 
 from __future__ import annotations
 
@@ -35,3 +36,22 @@ def test_without_numba_njit_leaves_the_function(monkeypatch: pytest.MonkeyPatch)
     assert jit.njit(len) is len
     assert jit.njit(parallel=True)(len) is len
     assert not jit.ready()
+
+
+@pytest.mark.skipif(not jit.available(), reason="needs numba")
+def test_the_serial_twin_computes_the_same_and_is_cached_apart() -> None:
+    from specsample.native import chain, logits
+
+    jit.warm_up(wait=True)
+    for parallel, twin in (
+        (chain.chain_rule, chain.chain_rule_serial),
+        (logits.row_stats, logits.row_stats_serial),
+        (logits.chain_logits, logits.chain_logits_serial),
+    ):
+        assert twin.py_func.__code__ is parallel.py_func.__code__
+        assert twin.py_func.__qualname__ == f"{parallel.py_func.__qualname__}_serial"
+        assert not twin.targetoptions.get("parallel")
+        assert parallel.targetoptions.get("parallel")
+    names = {p.name for p in jit.cache_dir().rglob("*.nbi")}
+    assert any(name.startswith("chain.chain_rule_serial-") for name in names)
+    assert any(name.startswith("chain.chain_rule-") for name in names)

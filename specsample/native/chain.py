@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specsample.native.jit import njit, prange
+from specsample.native.jit import njit, prange, serial
 from specsample.shared import BLOCK
 
 SUB = 32
@@ -161,16 +161,5 @@ def chain_rule(
         _verify_one(target, draft, ids, bonus, uniforms, token_ids, num_accepted, b)
 
 
-@njit
-def chain_rule_serial(
-    target: np.ndarray,
-    draft: np.ndarray,
-    ids: np.ndarray,
-    bonus: np.ndarray,
-    uniforms: np.ndarray,
-    token_ids: np.ndarray,
-    num_accepted: np.ndarray,
-) -> None:
-    """:func:`chain_rule` on the calling thread (for work too small to share)."""
-    for b in range(target.shape[0]):
-        _verify_one(target, draft, ids, bonus, uniforms, token_ids, num_accepted, b)
+chain_rule_serial = serial(chain_rule)
+"""The serial twin of :func:`chain_rule`."""

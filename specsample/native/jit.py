@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import threading
+import types
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -78,6 +79,28 @@ def njit(function: Callable[..., Any] | None = None, **options: Any) -> Any:
         return numba.njit(nogil=True, error_model="numpy", **options)(function)
     finally:
         setattr(numba.config, "CACHE_DIR", previous)  # noqa: B010
+
+
+def serial(kernel: Any) -> Any:
+    """The serial twin of a parallel :func:`njit` kernel: the same Python function compiled
+    without ``parallel`` (its ``prange`` loops run as ``range`` on the calling thread), for
+    work too small to share between threads.
+
+    The twin is a copy of the function under the name ``<name>_serial``, so that numba
+    caches its machine code apart from the parallel kernel's.
+    """
+    function = getattr(kernel, "py_func", kernel)
+    twin = types.FunctionType(
+        function.__code__,
+        function.__globals__,
+        f"{function.__name__}_serial",
+        function.__defaults__,
+        function.__closure__,
+    )
+    twin.__qualname__ = f"{function.__qualname__}_serial"
+    twin.__doc__ = f"``{function.__name__}`` on the calling thread (see :func:`serial`)."
+    twin.__module__ = function.__module__
+    return njit(twin)
 
 
 def __getattr__(name: str) -> Any:

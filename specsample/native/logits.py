@@ -26,7 +26,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from specsample.native.chain import draw_residual
-from specsample.native.jit import njit, prange
+from specsample.native.jit import njit, prange, serial
 
 _LOG2E = np.float32(1.44269504)
 _LN2_HIGH = np.float32(0.693359375)
@@ -100,14 +100,9 @@ def _exp_sum_into(row: np.ndarray, shift: np.float32, scale: np.float32, out: np
     in ``out``: the one sum of every log-norm the kernels compute, so a row's log-norm does
     not depend on which kernel computed it."""
     total = np.float32(0.0)
-    if np.isfinite(shift):  # then z = (value - shift) * scale exactly, as scaled() gives it
-        for i in range(row.shape[0]):
-            e = exp32((row[i] - shift) * scale)
-            out[i] = e
-            total += e
-        return total
+    finite = np.isfinite(shift)  # then z = (value - shift) * scale exactly, as scaled() gives it
     for i in range(row.shape[0]):
-        e = exp32(scaled(row[i], shift, scale))
+        e = exp32((row[i] - shift) * scale if finite else scaled(row[i], shift, scale))
         out[i] = e
         total += e
     return total
@@ -199,18 +194,8 @@ def row_stats(
         _row_stats(logits, top, index, stats, argmax, norms, r)
 
 
-@njit
-def row_stats_serial(
-    logits: np.ndarray,
-    top: np.ndarray,
-    index: np.ndarray,
-    stats: np.ndarray,
-    argmax: np.ndarray,
-    norms: bool,
-) -> None:
-    """:func:`row_stats` on the calling thread (for work too small to share)."""
-    for r in range(logits.shape[0]):
-        _row_stats(logits, top, index, stats, argmax, norms, r)
+row_stats_serial = serial(row_stats)
+"""The serial twin of :func:`row_stats`."""
 
 
 @njit
@@ -348,20 +333,5 @@ def chain_logits(
                     num_accepted, b)  # fmt: skip
 
 
-@njit
-def chain_logits_serial(
-    target: np.ndarray,
-    stats: np.ndarray,
-    argmax: np.ndarray,
-    layout: np.ndarray,
-    ids: np.ndarray,
-    draft: np.ndarray,
-    draft_stats: np.ndarray,
-    uniforms: np.ndarray,
-    token_ids: np.ndarray,
-    num_accepted: np.ndarray,
-) -> None:
-    """:func:`chain_logits` on the calling thread (for work too small to share)."""
-    for b in range(layout.shape[1]):
-        _verify_one(target, stats, argmax, layout, ids, draft, draft_stats, uniforms, token_ids,
-                    num_accepted, b)  # fmt: skip
+chain_logits_serial = serial(chain_logits)
+"""The serial twin of :func:`chain_logits`."""
