@@ -80,10 +80,14 @@ def _chunk_rows(vocab: int, device: torch.device) -> int:
 
 
 def _top_p_threshold(z: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Threshold on ``z [rows, vocab]`` (already -inf outside earlier filters) for top-p."""
+    """Threshold on ``z [rows, vocab]`` (already -inf outside earlier filters) for top-p: the
+    ``z`` at the first position, in decreasing order, where the cumulative mass reaches
+    ``top_p`` of the total. The masses are float32 exponentials summed in float64, so the
+    threshold does not hang on the order of a float32 sum's additions."""
     ordered = z.sort(dim=-1, descending=True).values
-    cum = ordered.softmax(dim=-1).cumsum(dim=-1)
-    last = (cum < top_p.unsqueeze(-1)).sum(dim=-1, keepdim=True).clamp_(max=z.shape[-1] - 1)
+    cum = ordered.exp().double().cumsum(dim=-1)
+    wanted = top_p.double().unsqueeze(-1) * cum[:, -1:]
+    last = (cum < wanted).sum(dim=-1, keepdim=True).clamp_(max=z.shape[-1] - 1)
     return ordered.gather(1, last).squeeze(-1)
 
 

@@ -1,6 +1,7 @@
-"""Compilation of the CPU kernels (:mod:`specsample.native.jit`): where the cache lives, and
-that nothing is written inside the installed package, and the serial twins of the parallel
-kernels (:func:`specsample.native.jit.serial`)."""
+"""Compilation of the CPU kernels (:mod:`specsample.native.jit`): where the cache lives, that
+nothing is written inside the installed package, that machine code is kept per version of the
+kernels' sources, and the serial twins of the parallel kernels
+(:func:`specsample.native.jit.serial`)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,26 @@ def test_compiled_kernels_are_cached_outside_the_package() -> None:
     assert jit.ready()
     package = Path(specsample.__file__).parent
     assert not [p for p in package.rglob("*") if p.suffix in (".nbi", ".nbc")]
-    assert any(jit.cache_dir().rglob("*.nbi"))
+    assert any((jit.cache_dir() / jit.sources_key()).rglob("*.nbi"))
+
+
+def test_the_cache_folder_follows_every_kernel_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel inlines functions of other modules: editing any source of the package gives
+    its machine code a new folder."""
+    for source in Path(jit.__file__).parent.glob("*.py"):
+        (tmp_path / source.name).write_bytes(source.read_bytes())
+    monkeypatch.setattr(jit, "__file__", str(tmp_path / "jit.py"))
+    jit.sources_key.cache_clear()
+    try:
+        before = jit.sources_key()
+        jit.sources_key.cache_clear()
+        (tmp_path / "floats.py").write_text((tmp_path / "floats.py").read_text() + "\n")
+        assert jit.sources_key() != before
+    finally:
+        monkeypatch.undo()
+        jit.sources_key.cache_clear()
 
 
 def test_without_numba_njit_leaves_the_function(monkeypatch: pytest.MonkeyPatch) -> None:

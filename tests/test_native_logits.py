@@ -1,13 +1,13 @@
 """The fused CPU backend on logits (:mod:`specsample.native.logits`, through
 :mod:`specsample.backends.cpu`).
 
-:func:`~specsample.native.logits.exp32` is within one unit in the last place of the exact
+:func:`~specsample.native.floats.exp32` is within one unit in the last place of the exact
 exponential. Given the same uniforms, ``verify(..., backend="cpu")`` returns the PyTorch
 backend's tokens and accepted counts, column for column: on random ragged batches (every kind
 of draft rows: none, float32 and float64 probabilities, logits; given bonus tokens; greedy,
 sampled and mixed requests), on extreme logits (infinities, NaN, all ``-inf`` rows, ``3e38``
 at a low temperature, ids outside the vocabulary), on non-contiguous rows, and where the
-backend runs PyTorch's code (filters, the block rule, half precision, no drafts). The row
+backend runs PyTorch's code (the block rule, half precision, no drafts), and with filters. The row
 statistics the kernel computes agree with PyTorch's. The exactness harness runs on the
 backend, on logits. Every test waits for the background compilation first, and is skipped
 without numba.
@@ -45,7 +45,7 @@ def _compiled() -> None:
 
 
 def test_exp32_is_within_one_ulp_of_the_exact_exponential() -> None:
-    from specsample.native.logits import exp32
+    from specsample.native.floats import exp32
 
     @jit.njit
     def exp_all(x: np.ndarray, out: np.ndarray) -> None:
@@ -150,8 +150,11 @@ def test_non_contiguous_rows_give_the_same_tokens() -> None:
     ],
     ids=str,
 )
-def test_what_the_kernel_does_not_take_gives_the_same_result(extra: dict[str, Any]) -> None:
-    """Filters and the block rule run PyTorch's code; log-probabilities read full statistics."""
+def test_filters_and_what_the_kernel_does_not_take_give_the_same_result(
+    extra: dict[str, Any],
+) -> None:
+    """Filters (thresholds by selection), the block rule (PyTorch's code), log-probabilities
+    (full statistics)."""
     for seed in (1, 2, 4, 5):
         target, ids, counts, kwargs = _case(seed, "probs32")
         if "bonus_token_ids" in kwargs and "return_logprobs" in extra:

@@ -3,10 +3,10 @@
 * The chain rule on ``[batch, k, vocab]`` probabilities (what :class:`specsample.RejectionSampler`
   runs): one fused pass per sequence (:func:`specsample.native.chain.chain_rule`).
 * A chain step on flattened logits (what :func:`specsample.verify` and the generation loop
-  run): the row statistics of rows processed with a temperature alone (:func:`row_stats`;
-  their normalisers only for the rows the rule reads), then one fused
-  pass per sequence (:func:`specsample.native.logits.chain_logits`). Rows with top-k, top-p
-  or min-p get their statistics from PyTorch and the same fused rule.
+  run): the row statistics (:func:`row_stats`; the normalisers of rows processed with a
+  temperature alone only for the rows the rule reads, the thresholds of top-k, top-p and
+  min-p by selection), then one fused pass per sequence
+  (:func:`specsample.native.logits.chain_logits`).
 * Every other slot (the block rule, typical acceptance, trees, log-probabilities) runs the
   PyTorch code of :mod:`specsample.backends.eager` until kernels exist for it.
 
@@ -24,6 +24,8 @@ run on the calling thread; large ones use numba's threads.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -103,19 +105,23 @@ fused_chain = FusedChainRule()
 """The chain rule on probabilities by the fused CPU kernel (:class:`FusedChainRule`)."""
 
 
-def _filtered_rows(sampling: SamplingMetadata) -> torch.Tensor | None:
-    """``[rows]`` bool: the rows a top-k, top-p or min-p filter applies to (``None``: no
-    request has a filter)."""
-    if sampling.top_k is None and sampling.top_p is None and sampling.min_p is None:
-        return None
-    rows = torch.zeros(sampling.inv_temperature.shape[0], dtype=torch.bool)
-    if sampling.top_k is not None:
-        rows |= sampling.top_k > 0
-    if sampling.top_p is not None:
-        rows |= sampling.top_p < 1.0
-    if sampling.min_p is not None:
-        rows |= sampling.min_p > 0.0
-    return rows
+def _filters(sampling: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    """The filters as :func:`specsample.native.logits.row_stats` takes them: ``[rows]``
+    int64 top-k (0 off) and ``[2, rows]`` float32 top-p (1 off) and ``log(min_p)`` (``-inf``
+    off, computed as :func:`specsample.probs.row_stats` computes it); both empty when no
+    request has a filter."""
+    top_k, top_p, min_p = sampling.top_k, sampling.top_p, sampling.min_p
+    if sampling.max_top_k == 0:
+        top_k = None
+    if top_k is None and top_p is None and min_p is None:
+        return torch.empty(0, dtype=torch.int64), torch.empty(2, 0)
+    rows = sampling.inv_temperature.shape[0]
+    limits = torch.empty(2, rows)
+    limits[0] = 1.0 if top_p is None else top_p
+    limits[1] = (
+        -math.inf if min_p is None else torch.where(min_p > 0.0, torch.log(min_p), -math.inf)
+    )
+    return (torch.zeros(rows, dtype=torch.int64) if top_k is None else _int64(top_k)), limits
 
 
 def row_stats(
@@ -124,28 +130,36 @@ def row_stats(
     """The statistics of ``[rows, vocab]`` logits (:func:`specsample.backends.eager.row_stats`).
 
     For float32 rows, by the kernel, each row read once from memory: with ``need_norm``, the
-    log-norms of every row; without, those of rows with a distribution are left NaN,
-    and :func:`verify_logits` computes the ones of the rows it reads. Rows with a top-k,
-    top-p or min-p filter take their statistics from PyTorch. Which computes a row depends
-    on that row's parameters alone, so a request's result does not depend on the others in
-    its batch. An all-greedy batch without ``need_norm`` needs only the argmaxes (PyTorch).
+    log-norms of every row; without, those of rows with a distribution and no filter are left
+    NaN, and :func:`verify_logits` computes the ones of the rows it reads. Rows with a
+    top-k, top-p or min-p filter get PyTorch's thresholds by selection
+    (:mod:`specsample.native.filters`); a row whose top-p threshold is too close to call
+    takes its statistics from PyTorch. Which computes a row depends on that row alone, so a
+    request's result does not depend on the others in its batch. An all-greedy batch
+    without ``need_norm`` needs the argmaxes alone: no filter is applied.
     """
-    if not _fused_logits(logits) or (sampling.all_greedy and not need_norm):
+    if not _fused_logits(logits):
         return eager.row_stats(logits, sampling, need_norm=need_norm)
-    stats = _kernel_stats(logits, sampling.inv_temperature, norms=need_norm)
-    filtered = _filtered_rows(sampling)
-    if filtered is None:
-        return stats
-    processed = eager.row_stats(logits, sampling, need_norm=True)
-    cutoff = torch.where(filtered, processed.cutoff, stats.cutoff)
-    log_norm = torch.where(filtered, processed.log_norm, stats.log_norm)
-    return stats._replace(cutoff=cutoff, log_norm=log_norm)
+    filters = _filters(sampling) if need_norm or not sampling.all_greedy else _NO_FILTER
+    stats, undecided = _kernel_stats(logits, sampling.inv_temperature, filters, need_norm)
+    if undecided.any():
+        rows = torch.from_numpy(np.flatnonzero(undecided))
+        processed = eager.row_stats(logits[rows], sampling.rows(rows), need_norm=True)
+        stats.cutoff[rows] = processed.cutoff
+        stats.log_norm[rows] = processed.log_norm
+    return stats
+
+
+_NO_FILTER = (torch.empty(0, dtype=torch.int64), torch.empty(2, 0))
 
 
 def _kernel_stats(
-    logits: torch.Tensor, inv_temperature: torch.Tensor | float, *, norms: bool
-) -> RowStats:
-    """The statistics of float32 rows with no filter, by the kernel."""
+    logits: torch.Tensor,
+    inv_temperature: torch.Tensor | float,
+    filters: tuple[torch.Tensor, torch.Tensor],
+    norms: bool,
+) -> tuple[RowStats, np.ndarray]:
+    """The statistics of float32 rows by the kernel, and the rows it left undecided."""
     from specsample.native import logits as kernels
 
     parallel = logits.numel() >= _PARALLEL_ELEMENTS
@@ -155,8 +169,13 @@ def _kernel_stats(
     stats[1] = inv_temperature
     argmax = torch.empty(rows, dtype=torch.int64)
     top, index = np.empty(rows, np.float32), np.empty(rows, np.int64)
-    kernel(_dense(_float32(logits)), top, index, stats.numpy(), argmax.numpy(), norms)
-    return RowStats(stats[1], stats[2], stats[3], argmax, stats[0])
+    undecided = np.zeros(rows, np.bool_)
+    top_k, limits = filters
+    kernel(
+        _dense(_float32(logits)), top, index, stats.numpy(), argmax.numpy(), norms,
+        _dense(top_k), _dense(limits), undecided,
+    )  # fmt: skip
+    return RowStats(stats[1], stats[2], stats[3], argmax, stats[0]), undecided
 
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -197,7 +216,7 @@ def _draft_rows(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor] | None:
         if not _fused_logits(rows):
             return None
         rows = _float32(rows)
-        return rows, _stacked(_kernel_stats(rows, 1.0, norms=False))
+        return rows, _stacked(_kernel_stats(rows, 1.0, _NO_FILTER, False)[0])
     if step.draft_probs is not None and step.draft_probs.shape[0]:
         rows = step.draft_probs
         return (rows, none) if rows.dtype in _FUSED_DTYPES else None
@@ -291,7 +310,10 @@ def _warm_logits() -> None:
     kernels.fill_norms(logits, stats)
     kernels.fill_norms.disable_compile()
     for stats_kernel in (kernels.row_stats, kernels.row_stats_serial):
-        stats_kernel(logits, np.zeros(2, np.float32), argmax, stats, argmax, True)
+        for top_k, limits in ((np.zeros(0, np.int64), np.zeros((2, 0), np.float32)),
+                              (np.ones(2, np.int64), np.zeros((2, 2), np.float32))):  # fmt: skip
+            stats_kernel(logits, np.zeros(2, np.float32), argmax, stats, argmax, True, top_k,
+                         limits, np.zeros(2, np.bool_))  # fmt: skip
         stats_kernel.disable_compile()
     for chain in (kernels.chain_logits, kernels.chain_logits_serial):
         for draft in (np.zeros((1, 4), np.float32), np.zeros((1, 4), np.float64)):

@@ -13,6 +13,8 @@ function unchanged (it is then never called).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib.util
 import os
 import threading
@@ -56,10 +58,28 @@ def cache_dir() -> Path:
     return Path(base) / "specsample" / "numba"
 
 
+@functools.cache
+def sources_key() -> str:
+    """A digest of the kernels' source files, naming the folder of :func:`cache_dir` they are
+    cached in. numba checks a cached function against its own file alone, not against the
+    files of the functions it inlines: keyed by every source, machine code compiled from other
+    sources is never loaded.
+
+    Examples
+    --------
+    >>> len(sources_key())
+    16
+    """
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def njit(function: Callable[..., Any] | None = None, **options: Any) -> Any:
     """``numba.njit(cache=True, nogil=True, error_model="numpy", **options)`` caching into
-    :func:`cache_dir`: a float division by zero gives an infinity or NaN, as in PyTorch, not
-    an exception.
+    :func:`cache_dir` (its folder :func:`sources_key`): a float division by zero gives an
+    infinity or NaN, as in PyTorch, not an exception.
 
     Usable bare (``@njit``) or with options (``@njit(parallel=True)``). numba reads its
     cache directory when a function is decorated, so it is set for that moment only; where
@@ -72,7 +92,7 @@ def njit(function: Callable[..., Any] | None = None, **options: Any) -> Any:
     import numba
 
     previous = getattr(numba.config, "CACHE_DIR", "")
-    setattr(numba.config, "CACHE_DIR", str(cache_dir()))  # noqa: B010
+    setattr(numba.config, "CACHE_DIR", str(cache_dir() / sources_key()))  # noqa: B010
     try:
         return numba.njit(cache=True, nogil=True, error_model="numpy", **options)(function)
     except RuntimeError:  # no writable cache directory: compile in every process instead

@@ -1,96 +1,31 @@
 """The chain rule on flattened logits as one fused pass per sequence, and the row sums it needs.
 
-:func:`row_stats` computes the :class:`specsample.probs.RowStats` of rows with no filter
-(temperature alone) from their largest logits: one pass over each row. :func:`chain_logits` then
-verifies a ragged batch as :func:`specsample.backends.eager.verify_logits` does with
-``method="chain"``: for each sequence it walks its drafts until the first rejection, reading
-``q(x)`` (and ``p(x)``) of each draft alone, then builds the target and draft rows at that
-position once, in float32, and draws from their residual with
-:func:`specsample.native.chain.draw_residual` (the hierarchy of
-:mod:`specsample.rules.residual`). Sequences run in parallel; nothing of size
-``[batch, vocab]`` is allocated besides two rows per sequence being drawn.
+:func:`row_stats` computes the :class:`specsample.probs.RowStats` of rows from their largest
+logits: one pass over each row with no filter. :func:`chain_logits` then verifies a ragged
+batch as :func:`specsample.backends.eager.verify_logits` does with ``method="chain"``: for
+each sequence it walks its drafts until the first rejection, reading ``q(x)`` (and ``p(x)``)
+of each draft alone, then builds the target and draft rows at that position once, in
+float32, and draws from their residual with :func:`specsample.native.chain.draw_residual`
+(the hierarchy of :mod:`specsample.rules.residual`). Sequences run in parallel; nothing of
+size ``[batch, vocab]`` is allocated besides two rows per sequence being drawn.
 
 Probabilities are ``exp(z - log_norm)`` with ``z`` as :func:`specsample.probs.scaled_logits`
-computes it, in float32. :func:`exp32` is a float32 exponential accurate to about one unit in
-the last place, written so that the compiler vectorises it; PyTorch's own ``exp`` rounds
-differently in about one value in ten, by one unit in the last place. So both backends draw
-the same tokens unless a uniform falls within a relative ``1e-7`` of an accept threshold or
-a cell boundary, as with the Triton backend's exponential.
+computes it, in float32, with the exponential :func:`specsample.native.floats.exp32`, which
+rounds differently from PyTorch's in about one value in ten, by one unit in the last place.
+Rows with top-k, top-p or min-p filters get PyTorch's own thresholds, found by selection
+(:mod:`specsample.native.filters`). So both backends draw the same tokens unless a uniform
+falls within a relative ``1e-7`` of an accept threshold or a cell boundary, as with the
+Triton backend's exponential.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.extending import intrinsic
 
 from specsample.native.chain import draw_residual
+from specsample.native.filters import filter_stats
+from specsample.native.floats import BLOCK, block_largest, exp32, prob, scaled
 from specsample.native.jit import njit, prange, serial
-
-_LOG2E = np.float32(1.44269504)
-_LN2_HIGH = np.float32(0.693359375)
-_LN2_LOW = np.float32(-2.12194440e-4)
-_P = (
-    np.float32(1.9875691500e-4),
-    np.float32(1.3981999507e-3),
-    np.float32(8.3334519073e-3),
-    np.float32(4.1665795894e-2),
-    np.float32(1.6666665459e-1),
-    np.float32(5.0000001201e-1),
-)
-
-
-@intrinsic
-def _bits_to_float32(typingctx, bits):  # type: ignore[no-untyped-def]
-    """The float32 whose IEEE bits are the int32 ``bits``."""
-    signature = types.float32(types.int32)
-
-    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return signature, codegen
-
-
-@njit(inline="always")
-def _power_of_two(n: np.int32) -> np.float32:
-    """``2 ** n`` for an integer ``n`` in ``[-126, 127]``."""
-    return _bits_to_float32(np.int32((n + np.int32(127)) << np.int32(23)))  # type: ignore[call-arg]
-
-
-@njit(inline="always")
-def exp32(x: np.float32) -> np.float32:
-    """``exp(x)`` in float32 for ``x <= 0`` (``-inf`` gives 0), to about one ulp.
-
-    Range reduction ``x = n log 2 + r`` with ``|r| <= log(2) / 2`` (``log 2`` split in two
-    parts so ``n log 2`` is exact), a degree-7 polynomial for ``exp(r)``, then the scaling by
-    ``2 ** n`` in two exact halves, so results below float32's smallest normal number round
-    as a single multiplication would.
-    """
-    x = max(x, np.float32(-104.0))
-    n = np.floor(x * _LOG2E + np.float32(0.5))
-    r = x - n * _LN2_HIGH - n * _LN2_LOW
-    poly = ((((_P[0] * r + _P[1]) * r + _P[2]) * r + _P[3]) * r + _P[4]) * r + _P[5]
-    y = poly * (r * r) + r + np.float32(1.0)
-    half = np.int32(n) >> np.int32(1)
-    return y * _power_of_two(half) * _power_of_two(np.int32(n) - half)
-
-
-@njit(inline="always")
-def scaled(value: np.float32, shift: np.float32, scale: np.float32) -> np.float32:
-    """``z`` of one logit, as :func:`specsample.probs.scaled_logits` computes it."""
-    if value == shift:
-        return np.float32(0.0)
-    z = np.float32(value - shift) * scale
-    return np.float32(0.0) if np.isnan(z) else z
-
-
-@njit(inline="always")
-def prob(value: np.float32, shift: np.float32, scale: np.float32, cut: np.float32,
-         log_norm: np.float32) -> np.float32:  # fmt: skip
-    """``q`` of one logit: ``exp(z - log_norm)`` where ``z >= cut``, else 0."""
-    z = scaled(value, shift, scale)
-    return exp32(z - log_norm) if z >= cut else np.float32(0.0)
 
 
 @njit(fastmath={"reassoc"})
@@ -108,56 +43,56 @@ def _exp_sum_into(row: np.ndarray, shift: np.float32, scale: np.float32, out: np
     return total
 
 
-_LANES = 16
-"""Independent maxima :func:`_largest` keeps, so that the compiler vectorises the loop."""
-
-
-@njit(fastmath={"nnan", "nsz"})
-def _largest(row: np.ndarray) -> tuple[np.float32, int]:
-    """The largest value of a float32 row without NaN and the index of its first occurrence
-    (``-inf`` and 0 for an empty row or one of ``-inf`` alone)."""
-    n = row.shape[0]
-    lane_top = np.full(_LANES, -np.inf, np.float32)
-    lane_index = np.zeros(_LANES, np.int64)
-    whole = n - n % _LANES
-    for start in range(0, whole, _LANES):
-        for j in range(_LANES):
-            v = row[start + j]
-            better = v > lane_top[j]
-            lane_top[j] = v if better else lane_top[j]
-            lane_index[j] = start + j if better else lane_index[j]
-    top, index = np.float32(-np.inf), 0
-    for i in range(whole, n):
+@njit
+def _largest(row: np.ndarray, maxima: np.ndarray) -> tuple[np.float32, int, bool]:
+    """The largest value of a contiguous float32 row and the index of its first occurrence
+    (``-inf`` and 0 for an empty row or one of ``-inf`` alone), and whether the row holds a
+    NaN (the first two are then meaningless): one vectorised pass over blocks of the row,
+    then the first occurrence sought in the first block holding the largest value. Where
+    ``maxima`` is not empty, the largest value of each whole block goes into it."""
+    bits = row.view(np.int32)
+    size = row.shape[0]
+    whole = size - size % BLOCK
+    top, block, nan = np.float32(-np.inf), -1, False
+    for start in range(0, whole, BLOCK):
+        largest, block_nan = block_largest(bits, start)
+        nan |= block_nan
+        if maxima.shape[0]:
+            maxima[start // BLOCK] = largest
+        if largest > top:
+            top, block = largest, start
+    index = max(block, 0)
+    while block >= 0 and row[index] != top:
+        index += 1
+    top = row[index] if block >= 0 else top
+    for i in range(whole, size):
+        nan |= np.isnan(row[i])
         if row[i] > top:
             top, index = row[i], i
-    for j in range(_LANES):
-        if lane_top[j] > top or (lane_top[j] == top and lane_index[j] < index):
-            top, index = lane_top[j], lane_index[j]
-    return top, index
-
-
-@njit
-def _has_nan(bits: np.ndarray) -> bool:
-    """Whether a float32 row, given as its int32 bits, holds a NaN."""
-    found = 0
-    for i in range(bits.shape[0]):
-        found |= (bits[i] & 0x7FFFFFFF) > 0x7F800000
-    return found != 0
+    return top, index, nan
 
 
 @njit(inline="always")
 def _row_stats(logits: np.ndarray, top: np.ndarray, index: np.ndarray, stats: np.ndarray,
-               argmax: np.ndarray, norms: bool, r: int) -> None:  # fmt: skip
+               argmax: np.ndarray, norms: bool, top_k: np.ndarray, limits: np.ndarray,
+               undecided: np.ndarray, r: int) -> None:  # fmt: skip
     """The statistics of row ``r`` (see :func:`row_stats`)."""
     row = logits[r]
-    top[r], index[r] = _largest(row)
-    if _has_nan(row.view(np.int32)):
+    filtered = top_k.shape[0] and (top_k[r] > 0 or limits[0, r] < 1.0 or limits[1, r] > -np.inf)
+    maxima = np.empty(row.shape[0] // BLOCK if filtered else 0, np.float32)
+    top[r], index[r], nan = _largest(row, maxima)
+    if nan:
         top[r] = np.nan
     if np.isnan(top[r]) or top[r] == -np.inf:
         stats[0, r], stats[2, r], stats[3, r], argmax[r], index[r] = 0.0, np.nan, np.inf, 0, 0
         return
     stats[0, r], stats[2, r], stats[3, r], argmax[r] = top[r], -np.inf, np.nan, index[r]
-    if norms:
+    if filtered:
+        stats[2, r], stats[3, r], decided = filter_stats(
+            row, maxima, stats[0, r], stats[1, r], top_k[r], limits[0, r], limits[1, r]
+        )
+        undecided[r] = not decided
+    elif norms:
         _fill_norm(logits, stats, r)
 
 
@@ -178,20 +113,29 @@ def row_stats(
     stats: np.ndarray,
     argmax: np.ndarray,
     norms: bool,
+    top_k: np.ndarray,
+    limits: np.ndarray,
+    undecided: np.ndarray,
 ) -> None:
-    """The :class:`specsample.probs.RowStats` of ``[rows, vocab]`` float32 rows with no filter,
-    rows in parallel, each read once from memory.
+    """The :class:`specsample.probs.RowStats` of ``[rows, vocab]`` float32 rows, rows in
+    parallel, each read once from memory.
 
     The kernel writes each row's largest logit into ``top`` (NaN when the row holds one, as
     ``torch.max``) and the index of its first occurrence into ``index``; ``stats[1]`` holds
     the rows' ``1 / T`` and the kernel writes the shift, cutoff and log-norm into
     ``stats[0]``, ``stats[2]`` and ``stats[3]``, and ``argmax``, with the conventions of
     :func:`specsample.probs.row_stats` for a row without a distribution. Without ``norms``,
-    the log-norms of rows with a distribution are left NaN: :func:`chain_logits` computes
-    those of the rows it reads.
+    the log-norms of rows with a distribution and no filter are left NaN:
+    :func:`chain_logits` computes those of the rows it reads.
+
+    Filters: ``top_k`` ``[rows]`` int64 (0 off) and ``limits`` ``[2, rows]`` float32, the
+    rows' ``top_p`` (1 off) and ``log(min_p)`` (``-inf`` off), or both empty when no row has
+    a filter. A filtered row's cutoff and log-norm come from
+    :func:`specsample.native.filters.filter_stats`; where its top-p threshold is too close to
+    call, the kernel sets ``undecided`` ``[rows]`` (bool, False from the caller) at the row.
     """
     for r in prange(logits.shape[0]):
-        _row_stats(logits, top, index, stats, argmax, norms, r)
+        _row_stats(logits, top, index, stats, argmax, norms, top_k, limits, undecided, r)
 
 
 row_stats_serial = serial(row_stats)
