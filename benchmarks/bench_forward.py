@@ -32,9 +32,9 @@ CONTESTANTS = ("transformers", "fused, own layout", "fused, oneDNN")
 
 def _lms(model: object) -> dict[str, CachedLM]:
     """The three contestants over one model."""
-    own = CachedLM(model, fused=False)
+    own = CachedLM(model, forward="fused")
     own.fused = FusedForward(model, pack=False)
-    lms = (CachedLM(model, fused=False), own, CachedLM(model))
+    lms = (CachedLM(model, forward="model"), own, CachedLM(model, forward="fused"))
     return dict(zip(CONTESTANTS, lms, strict=True))
 
 

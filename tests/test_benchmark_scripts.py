@@ -54,6 +54,10 @@ TINY = {
         "--queue 1 --plot {tmp}/bench_generate.png --raw {tmp}/raw.jsonl",
         "| headline (batch 1) | ratio |",
     ),
+    "bench_gguf.py": Tiny(
+        "--gguf {gguf} --cache-dir {tmp} --rounds 1 --max-new-tokens 4 --prompts 2 --lookup 2",
+        "| headline | ratio |",
+    ),
     "bench_logits.py": Tiny("--shapes 1x1x64 --repeats 1 --threads 1", "| 64 |"),
     "bench_loop_verify.py": Tiny("--rounds 1 --calls 1 --threads 1 --shapes 2x2x64", "T=1/T=0"),
     "bench_sampler.py": Tiny("--shapes 1x1x64 --repeats 1 --threads 1", "64"),
@@ -79,7 +83,8 @@ TINY = {
 }
 """The tiny settings of every script of ``benchmarks/``.
 
-``real_model.py`` runs on a tiny GGUF model instead of the one it downloads;
+``real_model.py`` and ``bench_gguf.py`` run on a tiny GGUF model instead of the one they
+download (``bench_gguf.py`` is skipped where llama.cpp's binding is not installed);
 ``gpu_check.sh`` runs one kernel test in its CPU part, its GPU part hidden."""
 
 HELPERS = ("generate_contestants.py", "model_loading.py")
@@ -228,3 +233,25 @@ def test_vllm_e2e_skips_without_vllm(
     assert module.main([]) == 0
     out = capsys.readouterr().out
     assert out.startswith("skipped: vllm_e2e.py: vLLM cannot be imported") and out.count("\n") == 1
+
+
+def test_bench_gguf_skips_without_llama_cpp(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    module = _script("bench_gguf.py", monkeypatch)
+    _hide("llama_cpp", monkeypatch)
+    assert module.main(["--cache-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("skipped: bench_gguf.py: llama_cpp is not importable: pip install")
+    assert out.count("\n") == 1
+
+
+def test_bench_gguf_reports_where_greedy_outputs_first_differ(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    module = _script("bench_gguf.py", monkeypatch)
+    assert module.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert module.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert module.first_difference([1, 2], [1, 2, 3]) == 2
+    line = module.compare("a vs b", [[1, 2], [3, 4], [5, 6]], [[1, 2], [3, 0], [0, 6]])
+    assert line == "a vs b: identical on 1/3 prompts; first differing position elsewhere: 1, 0"

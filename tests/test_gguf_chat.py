@@ -143,8 +143,8 @@ def test_the_command_stops_at_every_eos_id_of_the_generation_config(
     ids = free.sequences[0]
     load = adapter.load_model
 
-    def with_two_ends(path: Any, role: str = "target") -> Any:
-        model = load(path, role=role)
+    def with_two_ends(path: Any, role: str = "target", **options: Any) -> Any:
+        model = load(path, role=role, **options)
         model.generation_config.eos_token_id = [ids[6], ids[3]]
         return model
 
@@ -153,7 +153,7 @@ def test_the_command_stops_at_every_eos_id_of_the_generation_config(
     source.write_text(json.dumps({"prompt": PROMPTS[1]}) + "\n")
     args = ["generate", "--input", str(source), "--output", str(destination), "--ngram"]
     args += ["--target", str(gguf_file), "--max-new-tokens", "12", "--threads", "1"]
-    assert cli.main(args) == 0
+    assert cli.main([*args, "--quantize", "none"]) == 0
     record = json.loads(destination.read_text())
     assert (record["completion_tokens"], record["finish_reason"]) == (4, "eos")
 
@@ -175,7 +175,7 @@ def test_cli_chat_on_the_gguf_file_equals_transformers_greedy(
 ) -> None:
     model, tokenizer = loaded["model"], loaded["tokenizer"]
     base = ["generate", "--target", str(gguf_file), "--ngram", "--chat", "--temperature", "0"]
-    base += ["--max-new-tokens", "16", "--threads", "1"]
+    base += ["--max-new-tokens", "16", "--threads", "1", "--quantize", "none"]
     for system in (None, "be brief"):
         extra = [] if system is None else ["--system", system]
         assert cli.main([*base, *extra, PROMPTS[0]]) == 0
@@ -191,7 +191,7 @@ def test_cli_chat_with_input_file(gguf_file: Path, loaded: dict[str, Any], tmp_p
     source.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:2]))
     args = ["generate", "--input", str(source), "--output", str(destination), "--chat"]
     args += ["--target", str(gguf_file), "--ngram", "--max-new-tokens", "16", "--threads", "1"]
-    assert cli.main(args) == 0
+    assert cli.main([*args, "--quantize", "none"]) == 0
     records = [json.loads(line) for line in destination.read_text().splitlines()]
     replies = [_chat_reply(tokenizer, model, p) for p in PROMPTS[:2]]
     assert all(replies) and [r["completion"] for r in records] == replies

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from specsample.adapter.config import text_config
+from specsample.adapter.quantize import computes_in_bfloat16
 
 _CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
 """Models that passed the masked-cache check (checked once per model object)."""
@@ -39,6 +40,10 @@ def passed(model: Any) -> bool:
 def tolerance(model: Any, reference: torch.Tensor, atol: float | None = None) -> float:
     """How far probe logits may stray: ``atol`` (default by dtype) times the logits' scale.
 
+    A model with quantized linear layers computes them in bfloat16
+    (:func:`~specsample.adapter.quantize.computes_in_bfloat16`): it gets the tolerance of
+    a half-precision one.
+
     Examples
     --------
     >>> tolerance(torch.nn.Linear(1, 1), torch.tensor([1.0, -3.0]))
@@ -46,6 +51,7 @@ def tolerance(model: Any, reference: torch.Tensor, atol: float | None = None) ->
     """
     if atol is None:
         half = getattr(model, "dtype", torch.float32) in (torch.float16, torch.bfloat16)
+        half = half or computes_in_bfloat16(model)
         atol = 5e-2 if half else 1e-3
     return atol * (1.0 + float(reference.abs().max()))
 

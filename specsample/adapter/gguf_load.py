@@ -10,7 +10,11 @@ type :mod:`~specsample.adapter.gguf_quants` decodes (``F32``, ``F16``, ``BF16``,
 (:func:`gguf_config`: the keys transformers' GGUF support maps, the same config), decodes
 each tensor from a memory map of the file straight into the float32 tensor the model keeps
 (:func:`read_weights`) and gives them to the transformers model class, which keeps them:
-the model takes the memory of its float32 parameters and little more.
+the model takes the memory of its float32 parameters and little more. Asked to keep the
+weights quantized (``quantize``, :func:`weight_format`), it builds each linear layer of a
+4-bit type (``Q4_0``, ``Q4_1``, ``Q4_K``) as an int4 layer from the file's own integers,
+scales and offsets, without decoding it to float32, and quantizes the others from their
+float32 values (:mod:`specsample.adapter.quantize`).
 :func:`load_gguf_tokenizer` builds transformers' own GGUF tokenizer, the one
 ``AutoTokenizer`` builds for the architecture, without transformers first parsing the whole
 file for a config. Model and tokenizer are those transformers' GGUF loader gives, tensor
@@ -21,14 +25,31 @@ from __future__ import annotations
 
 import math
 import mmap
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from specsample.adapter.gguf import GgufFile, GgufTensor
-from specsample.adapter.gguf_quants import FORMATS, dequantize, tensor_bytes
+from specsample.adapter.gguf_quants import (
+    FORMATS,
+    INT4_GROUP,
+    INT4_KINDS,
+    dequantize,
+    int4_groups,
+    tensor_bytes,
+)
+from specsample.adapter.quantize import (
+    HEAD_FORMAT,
+    MODES,
+    Int4Weight,
+    QuantizedLinear,
+    QuantizedWeight,
+    fits,
+    quantize_weight,
+    replace_module,
+)
 
 _LLAMA_GLOBAL = {
     "token_embd": "model.embed_tokens",
@@ -152,12 +173,33 @@ def _decode(raw: np.ndarray, tensor: GgufTensor, heads: int | None) -> torch.Ten
     return values
 
 
-def read_weights(file: GgufFile) -> dict[str, torch.Tensor]:
+def _mapped(file: GgufFile) -> np.ndarray:
+    """The file's bytes, memory-mapped."""
+    with file.path.open("rb") as handle:
+        return np.frombuffer(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
+
+
+def _raw(data: np.ndarray, tensor: GgufTensor, file: GgufFile) -> np.ndarray:
+    """The bytes of ``tensor`` in the mapped ``data``."""
+    end = tensor.offset + tensor_bytes(tensor.kind, math.prod(tensor.shape))
+    if end > data.size:
+        raise ValueError(f"GGUF file ends inside tensor {tensor.name}: {file.path}")
+    return data[tensor.offset : end]
+
+
+def read_weights(file: GgufFile, skip: Collection[str] = ()) -> dict[str, torch.Tensor]:
     """The file's tensors as float32, under the parameter names of its architecture.
 
     The file is memory-mapped and each tensor decoded into the tensor returned (query and
     key rows through one tensor-sized buffer); tensors the model has no place for are
     skipped.
+
+    Parameters
+    ----------
+    file : GgufFile
+    skip : collection of str
+        Parameter names not decoded: each gets an uninitialised tensor of its shape (a
+        weight that will be replaced).
 
     Raises
     ------
@@ -168,40 +210,171 @@ def read_weights(file: GgufFile) -> dict[str, torch.Tensor]:
         raise ValueError(f"file must be a GGUF file of {', '.join(ARCHITECTURES)}: {file.path}")
     architecture = ARCHITECTURES[str(file.architecture)]
     config = _config_values(file)
-    with file.path.open("rb") as handle:
-        data = np.frombuffer(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
+    data = _mapped(file)
     weights = {}
     for tensor in file.tensors:
         name = architecture.parameter(tensor.name)
         if name is None:
             continue
-        end = tensor.offset + tensor_bytes(tensor.kind, math.prod(tensor.shape))
-        if end > data.size:
-            raise ValueError(f"GGUF file ends inside tensor {tensor.name}: {file.path}")
-        raw = data[tensor.offset : end]
-        weights[name] = _decode(raw, tensor, architecture.heads(tensor.name, config))
+        raw = _raw(data, tensor, file)
+        if name in skip:
+            weights[name] = torch.empty(tensor.shape, dtype=torch.float32)
+        else:
+            weights[name] = _decode(raw, tensor, architecture.heads(tensor.name, config))
     return weights
 
 
-def load_gguf_model(file: GgufFile) -> Any:
-    """The transformers causal LM a GGUF file holds, float32, in eval mode.
+def weight_format(kind: str, quantize: str, in_features: int, *, head: bool = False) -> str | None:
+    """The format a linear layer stored as ``kind`` is kept in under ``quantize``.
+
+    ``"auto"`` keeps the file's own quantization: the 4-bit types as int4, the other
+    quantized types as bfloat16 (no bits of theirs lost but bfloat16's rounding of each
+    value), float types as float32. ``"none"``: float32. Any other mode is that format
+    where the layer fits it (:func:`~specsample.adapter.quantize.fits`), and
+    :data:`~specsample.adapter.quantize.HEAD_FORMAT` for the LM head (``head``), as
+    :func:`~specsample.adapter.quantize.quantize_model` does.
+
+    Parameters
+    ----------
+    kind : str
+        The tensor's GGML type (``"Q4_1"``, ...).
+    quantize : str
+        One of :data:`~specsample.adapter.quantize.MODES`.
+    in_features : int
+        The layer's inputs.
+
+    Returns
+    -------
+    str or None
+        A format of :data:`~specsample.adapter.quantize.FORMATS`, ``None`` for float32.
 
     Raises
     ------
     ValueError
-        ``file`` is not one :func:`loads_itself`, is cut short, or lacks a tensor the model
-        needs (the message names them).
+        ``quantize`` is not one of :data:`~specsample.adapter.quantize.MODES`.
+
+    Examples
+    --------
+    >>> [weight_format(kind, "auto", 576) for kind in ("Q4_1", "Q8_0", "F16")]
+    ['int4', 'bfloat16', None]
+    >>> weight_format("Q4_1", "int4", 576), weight_format("Q8_0", "int4", 576, head=True)
+    ('int4', 'bfloat16')
+    """
+    if quantize not in MODES:
+        raise ValueError(f"quantize must be one of {', '.join(MODES)}, got {quantize!r}")
+    if quantize == "none":
+        return None
+    if quantize == "auto":
+        if kind in INT4_KINDS:
+            return "int4"
+        return None if kind in FLOAT_KINDS else "bfloat16"
+    chosen = HEAD_FORMAT if head else quantize
+    return chosen if fits(chosen, in_features) else None
+
+
+def _linear_tensors(file: GgufFile) -> dict[str, GgufTensor]:
+    """The tensor each linear layer's weight comes from, by module name (the LM head tied
+    to the token embedding when the file has no ``output.weight``)."""
+    architecture = ARCHITECTURES[str(file.architecture)]
+    found = {}
+    for tensor in file.tensors:
+        name = architecture.parameter(tensor.name)
+        module = None if name is None else name.removesuffix(".weight")
+        if module is not None and module != name and module.rsplit(".", 1)[-1] in _LINEAR:
+            found[module] = tensor
+        if tensor.name == "token_embd.weight" and "lm_head" not in found:
+            found["lm_head"] = tensor
+    return found
+
+
+_LINEAR = frozenset(
+    {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"}
+)
+
+FLOAT_KINDS = frozenset({"F32", "F16", "BF16"})
+"""GGML types that hold plain floats."""
+
+
+def _int4_weight(raw: np.ndarray, tensor: GgufTensor, heads: int | None) -> Int4Weight:
+    """An int4 weight with ``tensor``'s own integers, scales and offsets (``Q4_0``,
+    ``Q4_1``, ``Q4_K``), its rows put back in the model's order when ``heads`` is set."""
+    rows, columns = tensor.shape
+    integers, scales, offsets = int4_groups(tensor.kind, raw, rows * columns)
+    arrays = [
+        integers.reshape(rows, columns),
+        scales.reshape(rows, -1),
+        offsets.reshape(rows, -1),
+    ]
+    if heads is not None:
+        half = rows // heads // 2
+        arrays = [a.reshape(heads, half, 2, -1).swapaxes(1, 2).reshape(rows, -1) for a in arrays]
+    q, scale, offset = (torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
+    return Int4Weight(q, scale, offset, INT4_GROUP)
+
+
+def load_gguf_model(file: GgufFile, quantize: str = "none") -> Any:
+    """The transformers causal LM a GGUF file holds, in eval mode.
+
+    With ``quantize="none"`` every tensor is decoded to float32. Otherwise each linear layer
+    (the projections and the LM head) is put in the format :func:`weight_format` picks, as
+    a :class:`~specsample.adapter.quantize.QuantizedLinear`: an int4 layer stored as
+    ``Q4_0``, ``Q4_1`` or ``Q4_K`` takes the file's integers, scales and offsets
+    (:func:`~specsample.adapter.gguf_quants.int4_groups`; the scales and offsets then
+    rounded to bfloat16), without decoding the tensor to float32; any other is quantized
+    from its float32 values (:func:`~specsample.adapter.quantize.quantize_weight`). The
+    token embedding stays float32.
+
+    Parameters
+    ----------
+    file : GgufFile
+    quantize : str
+        One of :data:`~specsample.adapter.quantize.MODES`.
+
+    Raises
+    ------
+    ValueError
+        ``quantize`` is not one of :data:`~specsample.adapter.quantize.MODES`; ``file`` is
+        not one :func:`loads_itself`, is cut short, or lacks a tensor the model needs (the
+        message names them).
     """
     import transformers
 
+    if quantize not in MODES:
+        raise ValueError(f"quantize must be one of {', '.join(MODES)}, got {quantize!r}")
     config = gguf_config(file)
-    model_class = getattr(transformers, ARCHITECTURES[str(file.architecture)].model_class)
+    architecture = ARCHITECTURES[str(file.architecture)]
+    values = _config_values(file)
+    formats = {
+        module: (
+            tensor,
+            weight_format(tensor.kind, quantize, tensor.shape[-1], head=module == "lm_head"),
+        )
+        for module, tensor in _linear_tensors(file).items()
+    }
+    from_blocks = {
+        module
+        for module, (tensor, format) in formats.items()
+        if format == "int4" and tensor.kind in INT4_KINDS
+    }
+    skip = {f"{module}.weight" for module in from_blocks} - {"model.embed_tokens.weight"}
+    model_class = getattr(transformers, architecture.model_class)
     model, info = model_class.from_pretrained(
-        None, config=config, state_dict=read_weights(file), output_loading_info=True
+        None, config=config, state_dict=read_weights(file, skip), output_loading_info=True
     )
     if info["missing_keys"]:
         missing = ", ".join(sorted(info["missing_keys"]))
         raise ValueError(f"GGUF file lacks the tensors of {missing}: {file.path}")
+    data = _mapped(file)
+    for module, (tensor, format) in formats.items():
+        if format is None:
+            continue
+        layer = model.get_submodule(module)
+        if module in from_blocks:
+            heads = architecture.heads(tensor.name, values)
+            weight: QuantizedWeight = _int4_weight(_raw(data, tensor, file), tensor, heads)
+        else:
+            weight = quantize_weight(layer.weight, format)
+        replace_module(model, module, QuantizedLinear(weight, layer.bias))
     model.name_or_path = model.config.name_or_path = str(file.path.parent)
     return model.eval()
 

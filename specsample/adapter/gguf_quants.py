@@ -7,7 +7,9 @@ offset ``m`` for the ``_1`` types); 256 for the k-quants ``Q2_K`` to ``Q6_K`` (s
 of 16 or 32 integers, each with its own scale, and minimum for ``Q2_K``, ``Q4_K`` and
 ``Q5_K``, both relative to float16 ``d`` and ``dmin``). :data:`FORMATS` gives each type's
 block shape and decoder; :func:`dequantize` decodes a tensor's bytes into a float32 array,
-a slice of blocks at a time, with NumPy's vectorised operations.
+a slice of blocks at a time, with NumPy's vectorised operations. :func:`int4_groups` reads
+the 4-bit types (``Q4_0``, ``Q4_1``, ``Q4_K``) as integers with a scale and an offset per
+group of 32 instead, for :class:`specsample.adapter.quantize.Int4Weight`.
 
 Every decoder first writes a block's integers into the output, then scales them in place,
 in float32 and in the order of ggml's reference (``d * q + m``,
@@ -207,6 +209,86 @@ FORMATS: dict[str, BlockFormat] = {
     "Q6_K": BlockFormat(256, 210, _q6_k),
 }
 """The block format of each GGML type :func:`dequantize` decodes, by type name."""
+
+
+INT4_KINDS = ("Q4_0", "Q4_1", "Q4_K")
+"""The types whose values are 4-bit integers in groups of 32 with a scale and an offset per
+group, which :func:`int4_groups` reads as such."""
+
+INT4_GROUP = 32
+"""Values per group of :func:`int4_groups`."""
+
+
+def _q4_0_groups(blocks: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    _q4(blocks, q, 2)
+    scale = _half(blocks, 0)
+    return scale, np.zeros_like(scale)
+
+
+def _q4_1_groups(blocks: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    _q4(blocks, q, 4)
+    scale = _half(blocks, 0)
+    return scale, _half(blocks, 2) + 8 * scale
+
+
+def _q4_k_groups(blocks: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    _q4_k_quants(blocks, q, 16)
+    scales, minimums = _k_scales(blocks[:, 4:16])
+    scale = _half(blocks, 0) * scales
+    return scale, 8 * scale - _half(blocks, 2) * minimums
+
+
+_INT4_DECODERS = {"Q4_0": _q4_0_groups, "Q4_1": _q4_1_groups, "Q4_K": _q4_k_groups}
+
+
+def int4_groups(kind: str, data: np.ndarray, count: int) -> tuple[np.ndarray, ...]:
+    """The integers of a 4-bit tensor and, per group of 32, a scale and an offset.
+
+    The tensor's values are ``(q - 8) * scale + offset``, per group of :data:`INT4_GROUP`
+    consecutive values: for ``Q4_0`` (``d * (q - 8)``) the scale is ``d`` and the offset
+    0; for ``Q4_1`` (``d * q + m``) the scale is ``d`` and the offset ``m + 8 d``; for
+    ``Q4_K`` (``(d * sc) * q - dmin * mn`` per sub-block of 32) the scale is ``d * sc``
+    and the offset ``8 d sc - dmin * mn``. The integers are the file's own; scales and
+    offsets are computed in float32 from its float16 ``d``, ``m``, ``dmin`` and 6-bit
+    ``sc``, ``mn``.
+
+    Parameters
+    ----------
+    kind : str
+        One of :data:`INT4_KINDS`.
+    data : numpy.ndarray
+        The tensor's bytes (1-D uint8, :func:`tensor_bytes` long).
+    count : int
+        Its number of values.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``(integers, scales, offsets)``: ``[count]`` uint8 in ``0..15``, and
+        ``[count // 32]`` float32 each.
+
+    Raises
+    ------
+    ValueError
+        ``kind`` is not one of :data:`INT4_KINDS`, or ``data`` does not hold ``count``
+        values.
+
+    Examples
+    --------
+    >>> scale_and_min = np.array([0.5, -1.0], dtype=np.float16).view(np.uint8)
+    >>> block = np.concatenate([scale_and_min, np.arange(16, dtype=np.uint8)])
+    >>> q, scale, offset = int4_groups("Q4_1", block, 32)
+    >>> q[[0, 1, 16, 17]].tolist(), scale.tolist(), offset.tolist()
+    ([0, 1, 0, 0], [0.5], [3.0])
+    """
+    if kind not in _INT4_DECODERS:
+        raise ValueError(f"kind must be one of {', '.join(INT4_KINDS)}, got {kind!r}")
+    if tensor_bytes(kind, count) != data.size:
+        raise ValueError(f"data must hold {tensor_bytes(kind, count)} bytes, got {data.size}")
+    block = FORMATS[kind]
+    integers = np.empty((count // block.values, block.values), dtype=np.uint8)
+    scales, offsets = _INT4_DECODERS[kind](data.reshape(-1, block.size), integers)
+    return integers.reshape(-1), scales.reshape(-1), offsets.reshape(-1)
 
 
 def tensor_bytes(kind: str, count: int) -> int:

@@ -17,6 +17,11 @@ Sliding-window models get 4-D masks built from each slot's position
 (:func:`~specsample.adapter.masks.additive_masks`); attention kinds the loop cannot honour
 are refused by :func:`~specsample.adapter.config.attention_window`.
 
+Where the fused forward serves a model, the faster of it and the model's own forward runs
+each shape class (1 row, several rows), as a short probe on this machine finds once per
+model and thread count (:mod:`~specsample.adapter.choice`; ``forward=`` or the environment
+variable ``SPECSAMPLE_FORWARD`` pins one).
+
 ``transformers`` is imported only inside the functions that need it, so ``specsample``
 imports without it.
 """
@@ -26,12 +31,14 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
 
-from specsample.adapter import checks
+from specsample.adapter import checks, choice
 from specsample.adapter.cache import KVCache
+from specsample.adapter.choice import ForwardChoice
 from specsample.adapter.config import attention_window, cache_argument, text_config, vocab_size
 from specsample.adapter.fused import FusedForward, fused_forward
 from specsample.adapter.masks import additive_masks
@@ -56,8 +63,14 @@ class CachedLM:
     fused : bool
         Compute the logits with :class:`~specsample.adapter.fused.FusedForward` where it
         serves the model (Llama, Mistral and Qwen2 without a sliding window) and its logits
-        equal the model's own on a probe; otherwise, or with ``False``, the model's own
-        forward runs.
+        equal the model's own on a probe; otherwise, or with ``False`` (which is
+        ``forward="model"``), the model's own forward runs.
+    forward : str, optional
+        Where the fused forward serves the model, which forward runs
+        (:mod:`~specsample.adapter.choice`): ``"auto"`` the faster of the two on this
+        machine, per shape class (1 row, several rows), timed once per model and thread
+        count; ``"fused"`` the fused one; ``"model"`` the model's own. Default: the
+        environment variable ``SPECSAMPLE_FORWARD``, else ``"auto"``.
 
     Attributes
     ----------
@@ -72,11 +85,30 @@ class CachedLM:
         The model's sliding window, if any (:func:`~specsample.adapter.config.attention_window`).
     fused : FusedForward or None
         The lean forward in use, if any.
+    choice : ForwardChoice
+        Which forward runs each shape class, and how that was decided.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``forward`` (or ``SPECSAMPLE_FORWARD``) is not one of
+        :data:`~specsample.adapter.choice.FORWARDS`, or is ``"fused"`` with ``fused=False``.
     """
 
     def __init__(
-        self, model: Any, role: str = "target", *, check: bool = True, fused: bool = True
+        self,
+        model: Any,
+        role: str = "target",
+        *,
+        check: bool = True,
+        fused: bool = True,
+        forward: str | None = None,
     ) -> None:
+        mode, source = choice.forward_mode(forward)
+        if not fused:
+            if forward == "fused":
+                raise ValueError("forward='fused' contradicts fused=False")
+            mode, source = "model", "fused=False"
         config = text_config(model)
         self.attention = attention_window(config, role)
         self.model = model
@@ -92,10 +124,25 @@ class CachedLM:
         self.cache: KVCache | None = None
         self._boundary: Any = None
         self.fused: FusedForward | None = None
+        self.choice = (
+            ForwardChoice("pinned", source) if mode == "model" else ForwardChoice("unserved")
+        )
         if check and not checks.passed(model):
             check_masked_cache(model, role=role)
-        if fused and self.attention.window is None:
+        if mode != "model" and self.attention.window is None:
             self.fused = fused_forward(model, functools.partial(_fused_agrees, model))
+        if self.fused is not None:
+            with torch.inference_mode():
+                self.choice = choice.choose(
+                    self.fused,
+                    mode,
+                    source,
+                    functools.partial(_speed_probe, self, self.fused),
+                    weights=choice.linear_weights(model),
+                    device=self.device,
+                )
+            if self.choice.model_one and self.choice.model_many:
+                self.fused = None
 
     @property
     def device(self) -> torch.device:
@@ -108,10 +155,16 @@ class CachedLM:
     @property
     def runs(self) -> str:
         """Which forward computes the logits: the fused one (and its weight layout) or the
-        model's own."""
+        model's own, or each for its shape class where they differ (:attr:`choice`)."""
+        own = "transformers' forward"
         if self.fused is None:
-            return "transformers' forward"
-        return "fused forward" + (", oneDNN weights" if self.fused.packed else "")
+            return own
+        fused = "fused forward" + (", oneDNN weights" if self.fused.packed else "")
+        if self.choice.model_one:
+            return f"{own} at 1 row, {fused} at more"
+        if self.choice.model_many:
+            return f"{fused} at 1 row, {own} at more"
+        return fused
 
     @property
     def width(self) -> int:
@@ -119,10 +172,14 @@ class CachedLM:
         return 0 if self.cache is None else self.cache.width
 
     def describe(self) -> str:
-        """A short description: architecture, layers, hidden size and the forward in use."""
+        """A short description: architecture, layers, hidden size, the forward in use and
+        how it was chosen (:attr:`ForwardChoice.summary`)."""
         layers = getattr(self.config, "num_hidden_layers", "?")
         hidden = getattr(self.config, "hidden_size", "?")
-        return f"{type(self.model).__name__}, {layers} layers, hidden {hidden}, {self.runs}"
+        return (
+            f"{type(self.model).__name__}, {layers} layers, hidden {hidden}, {self.runs} "
+            f"({self.choice.summary})"
+        )
 
     def reset(self, batch: int) -> None:
         """Start an empty cache for ``batch`` rows."""
@@ -175,18 +232,38 @@ class CachedLM:
         keep: int,
         visible: torch.Tensor | None,
     ) -> torch.Tensor:
-        """:meth:`forward` on ``cache``."""
+        """:meth:`forward` on ``cache``, by the forward :attr:`choice` picks for its rows."""
+        fused = self.fused
+        if fused is not None and self.choice.model_at(input_ids.numel()):
+            fused = None
+        boundary = self._boundary if cache is self.cache else None
+        return self._run_by(fused, cache, boundary, input_ids, position_ids, valid, keep, visible)
+
+    def _run_by(
+        self,
+        fused: FusedForward | None,
+        cache: KVCache,
+        boundary: Any,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        valid: torch.Tensor | None,
+        keep: int,
+        visible: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """:meth:`forward` on ``cache`` by ``fused``, or by the model's own forward when it
+        is ``None`` (handed ``cache`` through ``boundary``, a new one when ``None``)."""
         if self.max_positions:
             position_ids = position_ids.clamp(max=self.max_positions - 1)
         window = self.attention.window
         cache.add_slots(input_ids.shape[1], valid, position_ids if window is not None else None)
-        if self.fused is not None:
+        if fused is not None:
             full = cast(torch.Tensor, self._masks(cache, position_ids, visible))  # no window
-            return self.fused(input_ids, position_ids, full, cache, keep)
+            return fused(input_ids, position_ids, full, cache, keep)
         mask: torch.Tensor | dict[str, torch.Tensor] = cache.mask
         if window is not None or visible is not None:
             mask = self._masks(cache, position_ids, visible)
-        boundary = self._boundary if cache is self.cache else model_cache(cache)
+        if boundary is None:
+            boundary = model_cache(cache)
         kwargs: dict[str, Any] = {
             "input_ids": input_ids,
             "attention_mask": mask,
@@ -336,6 +413,28 @@ def _fused_agrees(model: Any, fused: FusedForward) -> bool:
     lm.fused = fused
     got, reference, _ = _probe(lm)
     return bool((got - reference).abs().max() <= checks.tolerance(model, reference))
+
+
+def _speed_probe(lm: CachedLM, fused: FusedForward) -> Callable[[str, int], None]:
+    """The ``run`` of :func:`specsample.adapter.choice.probe` for ``lm``: one forward of
+    ``n`` new tokens by ``"fused"`` or by the ``"model"``'s own forward, at batch 1 over a
+    cache of :data:`~specsample.adapter.choice.PROBE_CONTEXT` tokens, dropped after it."""
+    device = lm.device
+    context = choice.PROBE_CONTEXT
+    length = context + choice.PROBE_ROWS
+    tokens = (torch.arange(length, device=device) * 3 + 1).remainder(lm.vocab_size)[None]
+    positions = torch.arange(length, device=device)[None]
+    cache = KVCache(1, device)
+    boundary = model_cache(cache)
+    lm._run_by(fused, cache, boundary, tokens[:, :context], positions[:, :context], None, 1, None)
+
+    def run(forward: str, n: int) -> None:
+        ids, at = tokens[:, context : context + n], positions[:, context : context + n]
+        by = fused if forward == "fused" else None
+        lm._run_by(by, cache, boundary, ids, at, None, n, None)
+        cache.drop_tail(n)
+
+    return run
 
 
 def _probe(lm: CachedLM) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -12,7 +12,9 @@ A GGUF file (it needs the ``gguf`` and ``accelerate`` packages, both in the ``hf
 is loaded by :mod:`specsample.adapter.gguf_load` when it is of an architecture that module
 knows (``llama``) with tensors of types it decodes, else by transformers' own GGUF support:
 quantized tensors (``Q4_1``, ``Q8_0``, ...) are dequantized to a dense float32 model at
-load time, so the model takes the memory of its unquantized parameters. Loading is quiet:
+load time, so the model takes the memory of its unquantized parameters, unless
+:func:`load_model` is asked to keep them quantized (``quantize``,
+:mod:`specsample.adapter.quantize`). Loading is quiet:
 transformers' progress bars are off while it runs. :func:`describe_model` says in one line
 what was loaded (for a GGUF file, what it stores:
 :func:`specsample.adapter.gguf.read_gguf_header`).
@@ -29,6 +31,13 @@ from typing import Any, NamedTuple
 
 from specsample import models
 from specsample.adapter.gguf import GGUF_MAGIC, GgufFile, read_gguf, read_gguf_header
+from specsample.adapter.quantize import (
+    FORMATS,
+    MODES,
+    quantize_model,
+    quantized_bytes,
+    quantized_layers,
+)
 from specsample.extras import install_command
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -182,12 +191,17 @@ def from_pretrained_options(source: ModelSource, *, model: bool = True) -> dict[
     return options
 
 
-def load_model(path: str | Path, *, role: str = "target") -> Any:
+def load_model(path: str | Path, *, role: str = "target", quantize: str = "none") -> Any:
     """Load a causal LM from a local model directory or GGUF file (never from a hub), in eval mode.
 
-    A ``.gguf`` file's quantized tensors are dequantized to a dense float32 model, by
-    :func:`specsample.adapter.gguf_load.load_gguf_model` where it loads the file, else by
-    transformers' GGUF support.
+    With ``quantize="none"`` a ``.gguf`` file's quantized tensors are dequantized to a dense
+    float32 model, by :func:`specsample.adapter.gguf_load.load_gguf_model` where it loads
+    the file, else by transformers' GGUF support. Otherwise the linear layers are kept in a
+    weight-only format (:mod:`specsample.adapter.quantize`): ``"auto"`` keeps a GGUF file's
+    own quantization where :mod:`~specsample.adapter.gguf_load` loads it (4-bit types as
+    int4 from the file's own integers, other quantized types as bfloat16) and the float
+    weights of anything else; ``"int4"``, ``"int8"`` or ``"bfloat16"`` put every linear
+    layer that fits in that format.
 
     Parameters
     ----------
@@ -195,24 +209,28 @@ def load_model(path: str | Path, *, role: str = "target") -> Any:
         A directory holding ``config.json`` and the weights, or a ``.gguf`` file.
     role : str
         ``"target"`` or ``"draft"``, for error messages.
+    quantize : str
+        One of :data:`specsample.adapter.quantize.MODES`.
 
     Raises
     ------
     ValueError
-        ``path`` is neither a directory holding a ``config.json`` nor a GGUF file (the
-        message names it and what was expected); or its ``.safetensors`` weights cannot be
-        read (a truncated or corrupted file: the message names the model, ``role``, and the
-        file).
+        ``quantize`` is not one of :data:`~specsample.adapter.quantize.MODES`; ``path`` is
+        neither a directory holding a ``config.json`` nor a GGUF file (the message names it
+        and what was expected); or its ``.safetensors`` weights cannot be read (a truncated
+        or corrupted file: the message names the model, ``role``, and the file).
     ImportError
         ``path`` is a GGUF file and the ``gguf`` or ``accelerate`` package is missing.
     """
+    if quantize not in MODES:
+        raise ValueError(f"quantize must be one of {', '.join(MODES)}, got {quantize!r}")
     source = model_source(path, role=role)
     file = _own_gguf(source)
     with _quiet_progress():
         if file is not None:
             from specsample.adapter.gguf_load import load_gguf_model
 
-            return load_gguf_model(file)
+            return load_gguf_model(file, quantize)
         from safetensors import SafetensorError
         from transformers import AutoModelForCausalLM
 
@@ -221,6 +239,8 @@ def load_model(path: str | Path, *, role: str = "target") -> Any:
             model = AutoModelForCausalLM.from_pretrained(source.directory, **options)
         except SafetensorError as error:
             raise unreadable_weights(source.directory, role, error) from error
+    if quantize in FORMATS:
+        quantize_model(model, quantize)
     return model.eval()
 
 
@@ -396,11 +416,15 @@ def describe_model(model: Any, source: ModelSource) -> str:
     dtype = str(getattr(model, "dtype", None) or next(model.parameters()).dtype)
     dtype = dtype.removeprefix("torch.")
     text += f": {count:,} parameters in {dtype} ({_megabytes(size)})"
+    layers = quantized_layers(model)
+    if layers:
+        kept = ", ".join(f"{name} x{n}" for name, n in sorted(layers.items()))
+        text += f" and linear layers in {kept} ({_megabytes(quantized_bytes(model))})"
     if source.gguf_file is None:
         return text
     header = read_gguf_header(source.gguf_file)
     stored = ", ".join(f"{name} x{n}" for name, n in header.tensor_types.items())
     text += f"; from a GGUF file of {_megabytes(header.file_bytes)} (tensors {stored})"
-    if header.quantized:
+    if header.quantized and not layers:
         text += f", dequantized to {dtype} at load"
     return text

@@ -4,7 +4,8 @@
 the ranges :class:`specsample.params.SamplingParams` accepts); :func:`check_arguments`
 refuses, in flag syntax, the combinations that make no sense before anything is read or
 loaded; :func:`draft_length`, :func:`batch_size`, :func:`tree_shape` and :func:`step_batch`
-read back what the run needs. The command runs on the CPU in float32.
+read back what the run needs. The command runs on the CPU, in float32 or with the linear
+layers in the weight-only format ``--quantize`` asks for (:mod:`specsample.adapter.quantize`).
 
 Every option that sizes the work is bounded (``--help`` states each bound): ``-k`` by
 :data:`specsample.generate.MAX_K`, ``--max-new-tokens`` by
@@ -28,6 +29,7 @@ import argparse
 from typing import Any
 
 from specsample import adapter
+from specsample.adapter.quantize import MODES
 from specsample.cli.args import (
     add_seed_and_plot_arguments,
     add_threads_argument,
@@ -122,13 +124,24 @@ def _add_source_arguments(parser: argparse.ArgumentParser) -> None:
         "--target",
         metavar="PATH",
         help="target model: a directory (config.json, weights, tokenizer) or a .gguf file "
-        "(quantized tensors are dequantized to float32 at load time; local files only)",
+        "(local files only; see --quantize for what becomes of its quantized tensors)",
     )
     parser.add_argument(
         "--draft", metavar="PATH", help="draft model: a directory or a .gguf file, as --target"
     )
     parser.add_argument(
         "--ngram", action="store_true", help="draft by prompt lookup instead of a draft model"
+    )
+    parser.add_argument(
+        "--quantize",
+        choices=MODES,
+        default="auto",
+        help="weights of both models' linear layers (default: %(default)s): auto keeps a "
+        ".gguf file's quantization (Q4_0, Q4_1 and Q4_K as int4, other quantized types as "
+        "bfloat16) and a directory's float weights; none: float32 (a .gguf file's tensors "
+        "dequantized); bfloat16, int8 or int4 (groups of 32): every linear layer in that "
+        "format, the LM head in bfloat16. Quantized layers compute in bfloat16; the output "
+        "follows the quantized model exactly",
     )
     parser.add_argument(
         "--chat",

@@ -1,7 +1,7 @@
 """What ``specsample generate`` loads: the model pair, the tokenizer and how prompts are encoded.
 
-Models come from local model directories or GGUF files (quantized GGUF tensors are
-dequantized to float32 at load time; see :mod:`specsample.adapter.loading`); each one
+Models come from local model directories or GGUF files (with ``--quantize`` their linear
+layers kept in a weight-only format, see :mod:`specsample.adapter.loading`); each one
 loaded is described on stderr (parameters, dtype, memory, the forward that runs it), while
 transformers' progress bars and log messages are silenced (set ``TRANSFORMERS_VERBOSITY`` to
 see its messages again). With
@@ -100,13 +100,13 @@ def _quiet() -> Iterator[None]:
         hf_logging.set_verbosity(before)
 
 
-def _load_model(path: Path, role: str) -> Any:
-    """Load one model, check its cache handling and say on stderr what was loaded and which
-    forward runs it."""
-    model = adapter.load_model(path, role=role)
-    runs = adapter.CachedLM(model, role=role).runs
+def _load_model(path: Path, role: str, quantize: str) -> Any:
+    """Load one model (its linear layers as ``quantize`` asks), check its cache handling and
+    say on stderr what was loaded and which forward runs it."""
+    model = adapter.load_model(path, role=role, quantize=quantize)
+    lm = adapter.CachedLM(model, role=role)
     description = adapter.describe_model(model, adapter.model_source(path, role=role))
-    print(f"{role}: {path}: {description}; {runs}", file=sys.stderr, flush=True)
+    print(f"{role}: {path}: {description}; {lm.runs} ({lm.choice})", file=sys.stderr, flush=True)
     return model
 
 
@@ -125,7 +125,7 @@ def load_models(
     target_path, draft_path : Path
         From :func:`model_paths`.
     args : argparse.Namespace
-        The options (``--chat``, ``--system``).
+        The options (``--chat``, ``--system``, ``--quantize``: ``"none"`` when absent).
 
     Returns
     -------
@@ -141,8 +141,12 @@ def load_models(
         if draft_path is not None:
             draft_tokenizer = adapter.load_tokenizer(draft_path, role="draft")
             adapter.check_same_tokenizer(tokenizer, draft_tokenizer)
-        target = _load_model(target_path, "target")
-        drafter = NGramDrafter() if draft_path is None else _load_model(draft_path, "draft")
+        quantize = getattr(args, "quantize", "none")
+        target = _load_model(target_path, "target", quantize)
+        if draft_path is None:
+            drafter = NGramDrafter()
+        else:
+            drafter = _load_model(draft_path, "draft", quantize)
     return tokenizer, encode, target, drafter
 
 

@@ -4,10 +4,14 @@
   (no call waits for it: until it is done, the backend runs the PyTorch code);
 * :mod:`~specsample.native.chain`: the chain rule on ``[batch, k, vocab]`` probabilities in
   one pass per sequence;
-* :mod:`~specsample.native.logits`: the chain rule on flattened logits, the row statistics
-  it needs, and a vectorised float32 exponential.
+* :mod:`~specsample.native.logits`: the chain rule on flattened logits and the row statistics
+  it needs;
+* :mod:`~specsample.native.filters`: the top-k, top-p and min-p thresholds of a row, by
+  selection;
+* :mod:`~specsample.native.floats`: the float32 arithmetic they share (a vectorised
+  exponential, ``z`` as PyTorch computes it, integer keys that order floats).
 
 The kernels take NumPy views of the tensors (no copy) and compute what the rules of
 :mod:`specsample.rules` compute, with the same arithmetic but for the exponential of the
-logits kernels, which rounds as its own (see :mod:`specsample.native.logits`).
+logits kernels, which rounds as its own (see :mod:`specsample.native.floats`).
 """
