@@ -92,12 +92,11 @@ from generate_contestants import (
     Slot,
     ours,
 )
-from model_loading import HF_EXTRA, quiet_transformers, skip
-from real_model import CACHE_DIR, GGUF_NAME, OFFLINE_VALUES, fetch_gguf
+from model_loading import skip
+from real_model import CACHE_DIR, fetch_gguf, missing_requirement
 from real_model import PROMPTS as REAL_MODEL_PROMPTS
 
 from specsample import adapter
-from specsample.adapter.loading import require_gguf
 from specsample.adapter.quantize import MODES
 from specsample.bench import CpuShare
 from specsample.cli.load import prompt_encoder
@@ -229,19 +228,7 @@ def _missing(args: argparse.Namespace) -> str | None:
     """Why the script cannot run here, or ``None``."""
     if _llama_cpp() is None:
         return f"llama_cpp is not importable: {LLAMA_INSTALL}"
-    if not quiet_transformers():
-        return f"the model needs transformers: {HF_EXTRA}"
-    try:
-        require_gguf()
-    except ImportError as error:
-        return str(error)
-    offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in OFFLINE_VALUES
-    if offline and args.gguf is None and not (args.cache_dir / GGUF_NAME).is_file():
-        return (
-            f"{GGUF_NAME} is not in {args.cache_dir} and HF_HUB_OFFLINE forbids downloading "
-            "it (pass --gguf FILE)"
-        )
-    return None
+    return missing_requirement(args)
 
 
 def load_ours(path: Path, quantize: str) -> Any:

@@ -405,7 +405,7 @@ def _table(
     return lines
 
 
-def _missing(args: argparse.Namespace) -> str | None:
+def missing_requirement(args: argparse.Namespace) -> str | None:
     """Why the check cannot run here (a package missing, or the model and no download
     allowed), or ``None``."""
     if not quiet_transformers():
@@ -429,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``HF_HUB_OFFLINE`` set)."""
     args = _arguments(argv)
     torch.set_num_threads(args.threads)
-    missing = _missing(args)
+    missing = missing_requirement(args)
     if missing is not None:
         return skip(missing)
     path = args.gguf if args.gguf is not None else fetch_gguf(args.cache_dir)
