@@ -51,7 +51,9 @@ def float64(monkeypatch: pytest.MonkeyPatch, target_dir: Path) -> None:
     """Make the command load its models in float64."""
     load = adapter.load_model
     monkeypatch.setattr(
-        adapter, "load_model", lambda path, role="target": load(path, role=role).double()
+        adapter,
+        "load_model",
+        lambda path, role="target", **options: load(path, role=role, **options).double(),
     )
 
 
