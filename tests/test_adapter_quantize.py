@@ -34,15 +34,17 @@ from specsample.adapter import CachedLM  # noqa: E402
 from specsample.adapter.gguf_quants import FORMATS as GGML_FORMATS  # noqa: E402
 from specsample.adapter.gguf_quants import dequantize, int4_groups  # noqa: E402
 from specsample.adapter.quantize import (  # noqa: E402
+    QuantizedLinear,
+    computes_in_bfloat16,
+    quantize_model,
+    quantized_layers,
+)
+from specsample.adapter.weight_formats import (  # noqa: E402
     FORMATS,
     BFloat16Weight,
     Int4Weight,
     Int8Weight,
-    QuantizedLinear,
-    computes_in_bfloat16,
-    quantize_model,
     quantize_weight,
-    quantized_layers,
 )
 from specsample.generate import (  # noqa: E402
     ModelDrafter,

@@ -18,7 +18,7 @@ computes the same logits from the model's own parameters with the fewest operati
 * the LM head applied to the kept positions only.
 
 Weight-only quantized layers (:class:`~specsample.adapter.quantize.QuantizedLinear`) keep
-their format, joined the same way (:meth:`~specsample.adapter.quantize.QuantizedWeight.join`).
+their format, joined the same way (:meth:`~specsample.adapter.weight_formats.QuantizedWeight.join`).
 Their products compute each row alone, bit for bit whatever the other rows, but in bfloat16,
 which turns the last-bit differences of attention over blocks of different shapes into
 differences of about 1% of the logits (0.44 on SmolLM2-135M's logits of scale 41). So where
@@ -53,7 +53,8 @@ import torch
 import torch.nn.functional as F
 
 from specsample.adapter.cache import KVCache
-from specsample.adapter.quantize import QuantizedLinear, QuantizedWeight
+from specsample.adapter.quantize import QuantizedLinear
+from specsample.adapter.weight_formats import QuantizedWeight
 
 PACK_LIMIT_BYTES = 1 << 30
 """Largest total size of a model's projection weights laid out for oneDNN (the layout is a
@@ -103,7 +104,7 @@ class Projection:
         has at least :data:`PACK_MIN_ELEMENTS` elements; otherwise the layers run one by one
         on their own weights, which are not copied. Quantized layers
         (:class:`~specsample.adapter.quantize.QuantizedLinear`) of one format are always
-        joined (:meth:`~specsample.adapter.quantize.QuantizedWeight.join`: each output
+        joined (:meth:`~specsample.adapter.weight_formats.QuantizedWeight.join`: each output
         bit for bit the layer's own).
 
     Attributes

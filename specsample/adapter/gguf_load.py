@@ -40,16 +40,8 @@ from specsample.adapter.gguf_quants import (
     int4_groups,
     tensor_bytes,
 )
-from specsample.adapter.quantize import (
-    HEAD_FORMAT,
-    MODES,
-    Int4Weight,
-    QuantizedLinear,
-    QuantizedWeight,
-    fits,
-    quantize_weight,
-    replace_module,
-)
+from specsample.adapter.quantize import HEAD_FORMAT, MODES, QuantizedLinear, replace_module
+from specsample.adapter.weight_formats import Int4Weight, QuantizedWeight, fits, quantize_weight
 
 _LLAMA_GLOBAL = {
     "token_embd": "model.embed_tokens",
@@ -230,7 +222,7 @@ def weight_format(kind: str, quantize: str, in_features: int, *, head: bool = Fa
     ``"auto"`` keeps the file's own quantization: the 4-bit types as int4, the other
     quantized types as bfloat16 (no bits of theirs lost but bfloat16's rounding of each
     value), float types as float32. ``"none"``: float32. Any other mode is that format
-    where the layer fits it (:func:`~specsample.adapter.quantize.fits`), and
+    where the layer fits it (:func:`~specsample.adapter.weight_formats.fits`), and
     :data:`~specsample.adapter.quantize.HEAD_FORMAT` for the LM head (``head``), as
     :func:`~specsample.adapter.quantize.quantize_model` does.
 
@@ -321,7 +313,7 @@ def load_gguf_model(file: GgufFile, quantize: str = "none") -> Any:
     ``Q4_0``, ``Q4_1`` or ``Q4_K`` takes the file's integers, scales and offsets
     (:func:`~specsample.adapter.gguf_quants.int4_groups`; the scales and offsets then
     rounded to bfloat16), without decoding the tensor to float32; any other is quantized
-    from its float32 values (:func:`~specsample.adapter.quantize.quantize_weight`). The
+    from its float32 values (:func:`~specsample.adapter.weight_formats.quantize_weight`). The
     token embedding stays float32.
 
     Parameters

@@ -9,7 +9,7 @@ of 16 or 32 integers, each with its own scale, and minimum for ``Q2_K``, ``Q4_K`
 block shape and decoder; :func:`dequantize` decodes a tensor's bytes into a float32 array,
 a slice of blocks at a time, with NumPy's vectorised operations. :func:`int4_groups` reads
 the 4-bit types (``Q4_0``, ``Q4_1``, ``Q4_K``) as integers with a scale and an offset per
-group of 32 instead, for :class:`specsample.adapter.quantize.Int4Weight`.
+group of 32 instead, for :class:`specsample.adapter.weight_formats.Int4Weight`.
 
 Every decoder first writes a block's integers into the output, then scales them in place,
 in float32 and in the order of ggml's reference (``d * q + m``,

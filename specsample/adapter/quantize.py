@@ -2,22 +2,10 @@
 
 A decoding step of a small model reads every weight once for a handful of rows, so on a CPU
 its time is mostly the time to read the weights: fewer bytes per weight, less time per
-token. This module keeps a linear layer's weight in one of three formats, each applied by a
-matrix product PyTorch ships for the CPU:
-
-``"int4"`` (:class:`Int4Weight`)
-    Four-bit integers ``q`` in ``0..15`` in groups of :data:`GROUP_SIZE` along the input,
-    each group with a scale ``s`` and an offset ``z``: ``w = (q - 8) * s + z``
-    (``torch.ops.aten._weight_int4pack_mm_for_cpu``). Half a byte per weight.
-``"int8"`` (:class:`Int8Weight`)
-    Eight-bit integers with one scale per output channel: ``w = q * s``
-    (``torch.ops.aten._weight_int8pack_mm``). One byte per weight.
-``"bfloat16"`` (:class:`BFloat16Weight`)
-    The weight rounded to bfloat16, laid out once for oneDNN where the CPU computes in
-    bfloat16. Two bytes per weight.
-
-All three take their input in bfloat16 and return bfloat16: PyTorch's int8 and int4 CPU
-products are 10 to 40 times slower with float32 or float16 inputs than with bfloat16 ones.
+token. A :class:`QuantizedLinear` keeps its weight in one of three formats of
+:mod:`~specsample.adapter.weight_formats` (int4 in groups of 32, int8 per output channel,
+bfloat16), each applied by a matrix product PyTorch ships for the CPU, in bfloat16: PyTorch's
+int8 and int4 CPU products are 10 to 40 times slower with float32 or float16 inputs.
 A :class:`QuantizedLinear` therefore computes ``bf16(bf16(x) @ W^T) + bias`` with ``W``
 the format's weight (scales and offsets stored in bfloat16), and hands the result back in
 ``x``'s dtype. That is the quantized model's function, deterministic. The int4 and int8
@@ -31,7 +19,8 @@ float model's by the quantization and the bfloat16 roundings.
 :func:`quantize_model` replaces the ``torch.nn.Linear`` modules of any model by
 :class:`QuantizedLinear` ones (the generic path: the model's own forward then runs through
 them); :class:`~specsample.adapter.fused.FusedForward` applies the same weights, joined
-(query, key and value; gate and up) by :meth:`QuantizedWeight.join`.
+(query, key and value; gate and up) by
+:meth:`~specsample.adapter.weight_formats.QuantizedWeight.join`.
 :mod:`~specsample.adapter.gguf_load` builds int4 weights straight from a GGUF file's
 ``Q4_0``, ``Q4_1`` and ``Q4_K`` blocks (their integers, scales and offsets,
 :func:`~specsample.adapter.gguf_quants.int4_groups`).
@@ -45,30 +34,16 @@ forward of 1 / 5 rows: float32 (oneDNN) 26-33 / 26 ms, bfloat16 18 / 18 ms, int8
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
-GROUP_SIZE = 32
-"""Weights per int4 group along the input (as in GGUF's ``Q4_0``, ``Q4_1`` and the
-sub-blocks of ``Q4_K``)."""
-
-INT4_ROWS = 16
-"""The int4 layout holds output channels by multiples of this; others are padded with
-zero rows."""
-
-INT4_BLOCK = 64
-"""The int4 layout interleaves output channels by blocks of this many (a last, shorter
-block otherwise): two laid-out weights end to end are one only when the first holds whole
-blocks."""
-
-INT8_COLUMNS = 16
-"""The int8 product needs ``in_features`` a multiple of this (it reads past the end of
-other rows: wrong values or a crash, in PyTorch 2.13)."""
-
-FORMATS = ("bfloat16", "int8", "int4")
-"""The weight formats, as :func:`quantize_weight` names them."""
+from specsample.adapter.weight_formats import (
+    FORMATS,
+    QuantizedWeight,
+    fits,
+    quantize_weight,
+)
 
 MODES = ("none", "auto", "bfloat16", "int8", "int4")
 """What :func:`specsample.adapter.load_model` accepts as ``quantize``: ``"none"`` keeps
@@ -76,382 +51,10 @@ float32 weights; ``"auto"`` keeps a GGUF file's own quantization (4-bit types as
 quantized types as bfloat16) and a model directory's float weights; the others put every
 linear layer in that format, the LM head in :data:`HEAD_FORMAT` (:func:`quantize_model`)."""
 
-_INNER_K_TILES = 2
-"""The int4 layout's ``innerKTiles`` (1, 2, 4 and 8 timed alike on the CPU)."""
-
-
-def bfloat16_kernels() -> bool:
-    """Whether oneDNN computes in bfloat16 on this CPU (else bfloat16 weights use the
-    default matrix product).
-
-    Examples
-    --------
-    >>> isinstance(bfloat16_kernels(), bool)
-    True
-    """
-    return bool(
-        torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    )
-
-
-def _rows(x: torch.Tensor, features: int) -> torch.Tensor:
-    """``x [..., features]`` as a contiguous bfloat16 matrix."""
-    return x.reshape(-1, features).to(torch.bfloat16).contiguous()
-
-
-class QuantizedWeight:
-    """A linear layer's weight in a weight-only format, and the product that applies it.
-
-    Attributes
-    ----------
-    format : str
-        One of :data:`FORMATS`.
-    out_features, in_features : int
-        The weight's shape.
-    """
-
-    format: ClassVar[str]
-    out_features: int
-    in_features: int
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """``x @ W^T`` for ``x [..., in_features]``: ``[..., out_features]`` bfloat16."""
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"x must end in {self.in_features} features, got {tuple(x.shape)}")
-        rows = _rows(x, self.in_features)
-        out = self._matmul(rows) if rows.shape[0] else rows.new_empty(0, self.out_features)
-        return out.reshape(*x.shape[:-1], self.out_features)
-
-    def _matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
-    def dequantize(self) -> torch.Tensor:
-        """The weight the product applies, ``[out_features, in_features]`` float32."""
-        raise NotImplementedError
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes the weight takes."""
-        raise NotImplementedError
-
-    @classmethod
-    def join(cls, parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
-        """One weight whose outputs are those of ``parts``, in order (same ``in_features``).
-
-        The joined product gives each part's outputs bit for bit.
-        """
-        raise NotImplementedError
-
-
-class BFloat16Weight(QuantizedWeight):
-    """A weight rounded to bfloat16 (laid out for oneDNN where :func:`bfloat16_kernels`).
-
-    Parameters
-    ----------
-    weight : torch.Tensor
-        ``[out_features, in_features]`` float, rounded to bfloat16.
-
-    Examples
-    --------
-    >>> w = torch.tensor([[1.0, 2.0], [3.0, 1.0 / 3.0]])
-    >>> BFloat16Weight(w)(torch.tensor([[1.0, 1.0]])).tolist()
-    [[3.0, 3.328125]]
-    """
-
-    format = "bfloat16"
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        plain = weight.detach().to(torch.bfloat16).contiguous()
-        self.out_features, self.in_features = plain.shape
-        self.packed = bfloat16_kernels()
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(plain) if self.packed else plain
-
-    def _matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(rows, self.weight, None, "none", [], "")
-        return torch.nn.functional.linear(rows, self.weight)
-
-    def dequantize(self) -> torch.Tensor:
-        plain = self.weight.to_dense() if self.packed else self.weight
-        return plain.to(torch.float32)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> BFloat16Weight:
-        """A copy laid out anew (oneDNN's layout cannot be copied as a tensor)."""
-        return BFloat16Weight(self.dequantize())
-
-    @property
-    def nbytes(self) -> int:
-        return self.out_features * self.in_features * 2
-
-    @classmethod
-    def join(cls, parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
-        return cls(torch.cat([part.dequantize() for part in parts]))
-
-
-class Int8Weight(QuantizedWeight):
-    """Int8 weights with one bfloat16 scale per output channel: ``w = q * s``.
-
-    Parameters
-    ----------
-    integers : torch.Tensor
-        ``[out_features, in_features]`` int8.
-    scales : torch.Tensor
-        ``[out_features]`` float, rounded to bfloat16.
-
-    Examples
-    --------
-    >>> integers = torch.zeros(2, 16, dtype=torch.int8)
-    >>> integers[:, :2] = torch.tensor([[1, -2], [127, 0]])
-    >>> weight = Int8Weight(integers, torch.tensor([0.5, 0.25]))
-    >>> weight.dequantize()[:, :2].tolist()
-    [[0.5, -1.0], [31.75, 0.0]]
-    >>> weight(torch.tensor([[2.0, 1.0] + [0.0] * 14])).tolist()
-    [[0.0, 63.5]]
-    """
-
-    format = "int8"
-
-    def __init__(self, integers: torch.Tensor, scales: torch.Tensor) -> None:
-        if integers.dtype != torch.int8 or integers.dim() != 2:
-            raise TypeError(f"integers must be a 2-D int8 tensor, got {integers.dtype}")
-        if integers.shape[1] % INT8_COLUMNS:
-            raise ValueError(
-                f"in_features must be a multiple of {INT8_COLUMNS}, got {integers.shape[1]}"
-            )
-        if scales.shape != integers.shape[:1]:
-            raise ValueError(
-                f"scales must have shape {tuple(integers.shape[:1])}, got {tuple(scales.shape)}"
-            )
-        self.integers = integers.contiguous()
-        self.scales = scales.detach().to(torch.bfloat16).contiguous()
-        self.out_features, self.in_features = integers.shape
-
-    @classmethod
-    def from_float(cls, weight: torch.Tensor) -> Int8Weight:
-        """Symmetric per-channel quantization: ``s = max |w| / 127`` (in bfloat16), ``q =
-        round(w / s)``.
-
-        Parameters
-        ----------
-        weight : torch.Tensor
-            ``[out_features, in_features]`` float.
-        """
-        wide = weight.detach().to(torch.float32)
-        scales = (wide.abs().amax(dim=1) / 127).to(torch.bfloat16).to(torch.float32)
-        safe = torch.where(scales > 0, scales, torch.ones_like(scales))
-        integers = torch.round(wide / safe[:, None]).clamp(-127, 127).to(torch.int8)
-        return cls(integers, scales)
-
-    def _matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int8pack_mm(rows, self.integers, self.scales)
-
-    def dequantize(self) -> torch.Tensor:
-        return self.integers.to(torch.float32) * self.scales.to(torch.float32)[:, None]
-
-    @property
-    def nbytes(self) -> int:
-        return self.integers.numel() + self.scales.numel() * 2
-
-    @classmethod
-    def join(cls, parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
-        eights = [_same(part, cls) for part in parts]
-        return cls(
-            torch.cat([part.integers for part in eights]),
-            torch.cat([part.scales for part in eights]),
-        )
-
-
-class Int4Weight(QuantizedWeight):
-    """Int4 weights in groups of ``group`` inputs, each with a bfloat16 scale and offset.
-
-    The weight is ``w = (q - 8) * s + z`` with ``q`` in ``0..15``; ``s`` and ``z`` are kept
-    per output channel and group. Output channels are held by multiples of
-    :data:`INT4_ROWS` (zero rows pad the rest).
-
-    Parameters
-    ----------
-    integers : torch.Tensor
-        ``[out_features, in_features]`` integers in ``0..15`` (any integer dtype).
-    scales, offsets : torch.Tensor
-        ``[out_features, in_features // group]`` float, rounded to bfloat16.
-    group : int
-        Inputs per group: ``in_features`` must be a multiple of it, and it a multiple of
-        32 (the kernel's).
-
-    Examples
-    --------
-    >>> q = torch.arange(32).remainder(16).repeat(16, 1)
-    >>> weight = Int4Weight(q, torch.full((16, 1), 0.5), torch.ones(16, 1))
-    >>> weight.dequantize()[0, :3].tolist()
-    [-3.0, -2.5, -2.0]
-    >>> float(weight(torch.ones(1, 32))[0, 0])
-    24.0
-    """
-
-    format = "int4"
-
-    def __init__(
-        self,
-        integers: torch.Tensor,
-        scales: torch.Tensor,
-        offsets: torch.Tensor,
-        group: int = GROUP_SIZE,
-    ) -> None:
-        if integers.dim() != 2 or integers.dtype.is_floating_point:
-            raise TypeError(f"integers must be a 2-D integer tensor, got {integers.dtype}")
-        rows, columns = integers.shape
-        if group % 32 or columns % group:
-            raise ValueError(
-                f"group must be a multiple of 32 dividing in_features ({columns}), got {group}"
-            )
-        expected = (rows, columns // group)
-        for name, value in (("scales", scales), ("offsets", offsets)):
-            if tuple(value.shape) != expected:
-                raise ValueError(f"{name} must have shape {expected}, got {tuple(value.shape)}")
-        if integers.numel() and not bool(((integers >= 0) & (integers <= 15)).all()):
-            raise ValueError("integers must lie in 0..15")
-        self.out_features, self.in_features, self.group = rows, columns, group
-        pad = -rows % INT4_ROWS
-        padded = torch.nn.functional.pad(integers.to(torch.int32), (0, 0, 0, pad), value=8)
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-            padded.contiguous(), _INNER_K_TILES
-        )
-        pairs = torch.stack([scales.detach(), offsets.detach()], dim=-1).to(torch.bfloat16)
-        pairs = torch.nn.functional.pad(pairs, (0, 0, 0, 0, 0, pad))
-        self.scale_offsets = pairs.transpose(0, 1).contiguous()
-
-    @classmethod
-    def from_float(cls, weight: torch.Tensor, group: int = GROUP_SIZE) -> Int4Weight:
-        """Asymmetric quantization per group: the group's range in 16 steps.
-
-        ``s = (max - min) / 15`` and ``z = min + 8 s`` (both then rounded to bfloat16),
-        ``q = round((w - z) / s) + 8`` clamped to ``0..15``; a constant group gets ``s = 0``,
-        ``z`` its value, ``q = 8``.
-
-        Parameters
-        ----------
-        weight : torch.Tensor
-            ``[out_features, in_features]`` float; ``in_features`` a multiple of ``group``.
-        group : int
-            Inputs per group (a multiple of 32).
-
-        Raises
-        ------
-        ValueError
-            ``in_features`` is not a multiple of ``group``.
-        """
-        rows, columns = weight.shape
-        if group % 32 or columns % group:
-            raise ValueError(
-                f"group must be a multiple of 32 dividing in_features ({columns}), got {group}"
-            )
-        grouped = weight.detach().to(torch.float32).reshape(rows, columns // group, group)
-        low, high = grouped.amin(dim=-1), grouped.amax(dim=-1)
-        scales = ((high - low) / 15).to(torch.bfloat16).to(torch.float32)
-        offsets = (low + 8 * scales).to(torch.bfloat16).to(torch.float32)
-        safe = torch.where(scales > 0, scales, torch.ones_like(scales))
-        steps = torch.round((grouped - offsets[..., None]) / safe[..., None]) + 8
-        steps = torch.where(scales[..., None] > 0, steps, torch.full_like(steps, 8.0))
-        integers = steps.clamp(0, 15).to(torch.int32).reshape(rows, columns)
-        return cls(integers, scales, offsets, group)
-
-    def _matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            rows, self.packed, self.group, self.scale_offsets
-        )
-        return out[:, : self.out_features] if out.shape[1] != self.out_features else out
-
-    def integers(self) -> torch.Tensor:
-        """``q``, ``[out_features, in_features]`` int32 in ``0..15``, read back from the
-        kernel's layout (through the product itself, with unit scales)."""
-        columns = self.in_features
-        unit = torch.zeros_like(self.scale_offsets)
-        unit[..., 0] = 1
-        eye = torch.eye(columns, dtype=torch.bfloat16)
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, self.group, unit)
-        return out[:, : self.out_features].t().to(torch.int32) + 8
-
-    def scales_and_offsets(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``s`` and ``z``: ``[out_features, in_features // group]`` float32 each."""
-        pairs = self.scale_offsets.transpose(0, 1)[: self.out_features].to(torch.float32)
-        return pairs[..., 0], pairs[..., 1]
-
-    def dequantize(self) -> torch.Tensor:
-        scales, offsets = self.scales_and_offsets()
-        steps = (self.integers() - 8).to(torch.float32)
-        grouped = steps.reshape(self.out_features, -1, self.group)
-        return (grouped * scales[..., None] + offsets[..., None]).reshape(steps.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.packed.numel() + self.scale_offsets.numel() * 2
-
-    @classmethod
-    def join(cls, parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
-        fours = [_same(part, cls) for part in parts]
-        if len({part.group for part in fours}) != 1:
-            raise ValueError("int4 weights must share their group size to be joined")
-        joined = object.__new__(cls)
-        joined.in_features, joined.group = fours[0].in_features, fours[0].group
-        joined.out_features = sum(part.out_features for part in fours)
-        if all(part.out_features % INT4_BLOCK == 0 for part in fours[:-1]):
-            joined.packed = torch.cat([part.packed for part in fours])
-            joined.scale_offsets = torch.cat([part.scale_offsets for part in fours], dim=1)
-            return joined
-        scales, offsets = zip(*(part.scales_and_offsets() for part in fours), strict=True)
-        return cls(
-            torch.cat([part.integers() for part in fours]),
-            torch.cat(scales),
-            torch.cat(offsets),
-            joined.group,
-        )
-
-
-def _same(part: QuantizedWeight, kind: type[Any]) -> Any:
-    if not isinstance(part, kind):
-        raise TypeError(f"cannot join a {part.format} weight with {kind.format} ones")
-    return part
-
-
-def quantize_weight(weight: torch.Tensor, format: str) -> QuantizedWeight:
-    """``weight [out_features, in_features]`` (float) in ``format`` (:data:`FORMATS`).
-
-    Raises
-    ------
-    ValueError
-        ``format`` is not one of :data:`FORMATS`, or the shape does not fit it
-        (:func:`fits`).
-
-    Examples
-    --------
-    >>> weight = torch.linspace(-127.0, 127.0, 32).reshape(2, 16)
-    >>> quantize_weight(weight, "int8").dequantize()[:, :3].tolist()
-    [[-127.0, -119.0, -111.0], [4.0, 12.0, 20.0]]
-    """
-    if format == "bfloat16":
-        return BFloat16Weight(weight)
-    if format == "int8":
-        return Int8Weight.from_float(weight)
-    if format == "int4":
-        return Int4Weight.from_float(weight)
-    raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
-
-
-def fits(format: str, in_features: int) -> bool:
-    """Whether a layer of ``in_features`` inputs can be held in ``format``.
-
-    Examples
-    --------
-    >>> fits("int4", 576), fits("int4", 48), fits("int8", 48), fits("bfloat16", 5)
-    (True, False, True, True)
-    """
-    if format == "int4":
-        return in_features % GROUP_SIZE == 0
-    return format != "int8" or in_features % INT8_COLUMNS == 0
-
 
 class QuantizedLinear(torch.nn.Module):
-    """A ``torch.nn.Linear`` whose weight is a :class:`QuantizedWeight` (CPU only).
+    """A ``torch.nn.Linear`` whose weight is a
+    :class:`~specsample.adapter.weight_formats.QuantizedWeight` (CPU only).
 
     The output is ``bf16(bf16(x) @ W^T)`` in ``x``'s dtype, plus the bias (kept in its own
     dtype). The weight is not a parameter: ``parameters()`` yields the bias only.
@@ -477,7 +80,8 @@ class QuantizedLinear(torch.nn.Module):
 
     @classmethod
     def from_linear(cls, layer: torch.nn.Linear, format: str) -> QuantizedLinear:
-        """``layer`` with its weight in ``format`` (:func:`quantize_weight`)."""
+        """``layer`` with its weight in ``format``
+        (:func:`~specsample.adapter.weight_formats.quantize_weight`)."""
         return cls(quantize_weight(layer.weight, format), layer.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -520,16 +124,18 @@ def quantize_model(
 ) -> torch.nn.Module:
     """Replace, in place, each ``torch.nn.Linear`` of ``model`` by a :class:`QuantizedLinear`.
 
-    Layers whose shape does not fit their format (:func:`fits`) keep their float weights. A
-    weight shared by two layers (or tied to an embedding) is quantized for each layer; the
-    embedding keeps its float weights.
+    Layers whose shape does not fit their format
+    (:func:`~specsample.adapter.weight_formats.fits`) keep their float weights. A weight
+    shared by two layers (or tied to an embedding) is quantized for each layer; the embedding
+    keeps its float weights.
 
     Parameters
     ----------
     model : torch.nn.Module
         A model on the CPU.
     format : str
-        One of :data:`FORMATS`, for every linear layer but the LM head.
+        One of :data:`~specsample.adapter.weight_formats.FORMATS`, for every linear layer but
+        the LM head.
     head : str or None
         The LM head's format (:func:`output_layer`; default :data:`HEAD_FORMAT`), ``None``
         to keep its float weights.
@@ -542,8 +148,8 @@ def quantize_model(
     Raises
     ------
     ValueError
-        ``format`` or ``head`` is not one of :data:`FORMATS`, or the model is not on the
-        CPU.
+        ``format`` or ``head`` is not one of
+        :data:`~specsample.adapter.weight_formats.FORMATS`, or the model is not on the CPU.
 
     Examples
     --------

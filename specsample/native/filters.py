@@ -203,7 +203,7 @@ def filter_stats(row: np.ndarray, maxima: np.ndarray, shift: np.float32, scale: 
             n = gather_kept(row, maxima, shift, scale, cut, scratch)
         else:
             n = _kept_z(scratch, n, kth, shift, scale)
-        total = _exp_sum(scratch[:n])
+        total = _exp_sum(scratch[:n]) if top_p < 1.0 else 0.0
     elif np.isfinite(shift) and top_p >= 1.0:
         cut = max(np.float32(-np.inf), log_min_p)
         return cut, np.log(np.float32(_kept_mass(row, shift, scale, cut))), True
@@ -214,7 +214,7 @@ def filter_stats(row: np.ndarray, maxima: np.ndarray, shift: np.float32, scale: 
     else:
         cut = np.float32(-np.inf)
         n = gather_kept(row, maxima, shift, scale, cut, scratch)
-        total = _exp_sum(scratch[:n])
+        total = _exp_sum(scratch[:n]) if top_p < 1.0 else 0.0
     decided = True
     if top_p < 1.0:
         at_p, decided = top_p_cut(scratch[:n], top_p, total)
