@@ -26,7 +26,7 @@ from specsample.metadata import BatchLayout
 from specsample.params import Requests
 from specsample.plan import LogitsStep, Plan, TreeStep
 from specsample.probs import RowStats
-from specsample.random import Seeding, step_uniforms
+from specsample.random import Seeding, drawn_uniforms, step_uniforms
 from specsample.shared import ChainStep, TreeVerifyResult, VerifyResult
 
 
@@ -121,11 +121,13 @@ def run_probs(
     """
     batch, k, _ = target_probs.shape
     device = target_probs.device
-    if uniforms is None:
-        uniforms = step_uniforms(seeding, k, device, positions)
-    else:
-        uniforms = check_step_uniforms(uniforms, batch, k + 1, device)
     rule = backends.get(backend).prob_rule(method)
+    if uniforms is None:
+        drawn = drawn_uniforms(seeding, k, device, positions)
+        return rule.run_drawn(
+            ChainStep(target_probs, draft_probs, draft_token_ids, bonus_token_ids, drawn)
+        )
+    uniforms = check_step_uniforms(uniforms, batch, k + 1, device)
     return rule.run(
         ChainStep(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms)
     )

@@ -387,7 +387,8 @@ def stripe(
 def step_uniforms(
     seeding: Seeding, k: int, device: torch.device, positions: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """The uniforms of one chain or block step: ``k`` accept tests, then the final draw.
+    """The uniforms of one chain or block step: ``k`` accept tests, then the final draw
+    (:func:`drawn_uniforms` put in that order by :func:`in_step_order`).
 
     Counter-seeded rows read the accept tests from :attr:`Stream.ACCEPT` and the final draw
     from :attr:`Stream.FINAL`, each in the stripe of the row's position (see the module
@@ -421,14 +422,62 @@ def step_uniforms(
     >>> u.shape, bool(torch.equal(u[0], u[1]))
     (torch.Size([2, 4]), True)
     """
+    return in_step_order(drawn_uniforms(seeding, k, device, positions))
+
+
+def drawn_uniforms(
+    seeding: Seeding, k: int, device: torch.device, positions: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The uniforms of one chain or block step in the order they are drawn: the final draw,
+    then the ``k`` accept tests (:func:`step_uniforms` reads them the other way round).
+
+    A rule that reads them in this order saves the reordering
+    (:meth:`specsample.shared.PaddedRule.run_drawn`).
+
+    Parameters
+    ----------
+    seeding : Seeding
+        Where each row's numbers come from.
+    k : int
+        Drafts per row (``k < STEP_STRIDE``).
+    device : torch.device
+        Where the uniforms live.
+    positions : torch.Tensor, optional
+        ``[batch]`` int64 absolute position of each row's first draft (default 0).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[batch, k + 1]`` float64 in ``[0, 1)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> cpu = torch.device("cpu")
+    >>> drawn = drawn_uniforms(Seeding.build(1, cpu, seeds=[5]), 2, cpu)
+    >>> ordered = step_uniforms(Seeding.build(1, cpu, seeds=[5]), 2, cpu)
+    >>> bool(torch.equal(in_step_order(drawn), ordered))
+    True
+    """
     if not 0 <= k < STEP_STRIDE:
         raise ValueError(f"k must lie in [0, {STEP_STRIDE}), got {k}")
     batch = seeding.batch
     if seeding.seeds is None:  # no counter-seeded row: no counters to build
-        return seeding.unseeded(k + 1, device).roll(-1, dims=1)
+        return seeding.unseeded(k + 1, device)
     accept = stripe(positions, batch, k, STEP_STRIDE, device)
     final = stripe(positions, batch, 1, 1, device)
-    drawn = seeding.draw(device, [(Stream.FINAL, final), (Stream.ACCEPT, accept)])
+    return seeding.draw(device, [(Stream.FINAL, final), (Stream.ACCEPT, accept)])
+
+
+def in_step_order(drawn: torch.Tensor) -> torch.Tensor:
+    """``[batch, k + 1]`` uniforms as drawn (:func:`drawn_uniforms`: the final draw first)
+    in the order a step reads them: the ``k`` accept tests, then the final draw.
+
+    Examples
+    --------
+    >>> in_step_order(torch.tensor([[0.75, 0.25, 0.5]])).tolist()
+    [[0.25, 0.5, 0.75]]
+    """
     return drawn.roll(-1, dims=1)
 
 

@@ -12,6 +12,8 @@ from typing import NamedTuple
 
 import torch
 
+from specsample.random import in_step_order
+
 BLOCK = 1024
 """Tokens per vocabulary block of the two-level inverse CDF (rules and kernels alike)."""
 
@@ -101,6 +103,12 @@ class PaddedRule(ABC):
         (as :func:`specsample.rules.chain.check_rule_inputs` does): :meth:`verify` without
         repeating the checks, where a rule can skip them."""
         return self.verify(step)
+
+    def run_drawn(self, step: ChainStep) -> VerifyResult:
+        """:meth:`run` on a ``step`` whose uniforms are in the order they were drawn (the
+        final draw first, :func:`specsample.random.drawn_uniforms`). This puts them in step
+        order; a rule that reads them in place overrides it."""
+        return self.run(step._replace(uniforms=in_step_order(step.uniforms)))
 
 
 class TreeVerifyResult(NamedTuple):

@@ -11,7 +11,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specsample.random import STEP_STRIDE, Seeding, Stream, counter_uniform, step_uniforms, stripe
+from specsample.random import (
+    STEP_STRIDE,
+    Seeding,
+    Stream,
+    counter_uniform,
+    drawn_uniforms,
+    in_step_order,
+    step_uniforms,
+    stripe,
+)
 from specsample.sampler import RejectionSampler
 from specsample.testing import chi2_sf, draw_inputs, make_family
 
@@ -230,6 +239,23 @@ def test_steps_at_increasing_positions_never_share_a_number() -> None:
         values = set(u[0].tolist())
         assert not values & seen
         seen |= values
+
+
+@pytest.mark.parametrize("seeds", [None, [3, None, 9]], ids=["generator", "mixed"])
+def test_drawn_uniforms_are_the_step_uniforms_final_draw_first(
+    seeds: list[int | None] | None,
+) -> None:
+    """The same numbers from the same sources: the final draw first, the accept tests after."""
+    k, at = 4, torch.tensor([0, 7, 300])
+    got = []
+    for draw in (drawn_uniforms, step_uniforms):
+        gen = torch.Generator().manual_seed(5)
+        seeding = Seeding.build(3, CPU, seeds=seeds, generator=gen)
+        got.append(draw(seeding, k, CPU, positions=at))
+    drawn, ordered = got
+    assert torch.equal(in_step_order(drawn), ordered)
+    assert torch.equal(drawn[:, 0], ordered[:, k])
+    assert torch.equal(drawn[:, 1:], ordered[:, :k])
 
 
 def test_host_seeds_take_every_64_bit_value() -> None:

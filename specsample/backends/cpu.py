@@ -79,9 +79,16 @@ class FusedChainRule(PaddedRule):
 
     def run(self, step: ChainStep) -> VerifyResult:
         """The chain rule's result on ``step``, its arguments already checked."""
+        return self._run(step, drawn=False)
+
+    def run_drawn(self, step: ChainStep) -> VerifyResult:
+        """:meth:`run` on uniforms in the order drawn, which the kernel reads in place."""
+        return self._run(step, drawn=True)
+
+    def _run(self, step: ChainStep, *, drawn: bool) -> VerifyResult:
         target, draft, ids, bonus, uniforms = step
         if not _fused(target, draft):
-            return chain_verify.run(step)
+            return chain_verify.run_drawn(step) if drawn else chain_verify.run(step)
         from specsample.native import chain  # loaded with numba, at the warm-up
 
         batch, k, vocab = target.shape
@@ -97,6 +104,7 @@ class FusedChainRule(PaddedRule):
             _view(uniforms),
             token_ids,
             num_accepted,
+            drawn,
         )
         return VerifyResult(torch.from_numpy(token_ids), torch.from_numpy(num_accepted))
 
@@ -345,6 +353,7 @@ def _warm() -> None:
                     make((2, 2), np.float64, 0.5),
                     make((2, 2), np.int64),
                     make((2,), np.int64),
+                    False,
                 )
         chain_rule.disable_compile()
 

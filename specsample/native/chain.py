@@ -121,15 +121,17 @@ def draw_residual(q: np.ndarray, p: np.ndarray, u: float) -> int:
 @njit(inline="always")
 def _verify_one(target: np.ndarray, draft: np.ndarray, ids: np.ndarray, bonus: np.ndarray,
                 uniforms: np.ndarray, token_ids: np.ndarray, num_accepted: np.ndarray,
-                b: int) -> None:  # fmt: skip
+                b: int, drawn: bool) -> None:  # fmt: skip
     """Verify sequence ``b`` (see :func:`chain_rule`)."""
     k, vocab = target.shape[1], target.shape[2]
+    first, final = (1, 0) if drawn else (0, k)
     n = 0
     while n < k:
         x = ids[b, n]
         if x < 0 or x >= vocab:
             break
-        if not uniforms[b, n] * np.float64(draft[b, n, x]) < np.float64(target[b, n, x]):
+        u = uniforms[b, first + n]
+        if not u * np.float64(draft[b, n, x]) < np.float64(target[b, n, x]):
             break
         n += 1
     for j in range(k + 1):
@@ -138,7 +140,7 @@ def _verify_one(target: np.ndarray, draft: np.ndarray, ids: np.ndarray, bonus: n
     if n == k:
         token_ids[b, k] = bonus[b]
     else:
-        token_ids[b, n] = draw_residual(target[b, n], draft[b, n], uniforms[b, k])
+        token_ids[b, n] = draw_residual(target[b, n], draft[b, n], uniforms[b, final])
 
 
 @njit(parallel=True)
@@ -150,15 +152,18 @@ def chain_rule(
     uniforms: np.ndarray,
     token_ids: np.ndarray,
     num_accepted: np.ndarray,
+    drawn: bool,
 ) -> None:
     """Verify ``[batch, k]`` drafts into ``token_ids [batch, k + 1]`` and ``num_accepted``,
     sequences in parallel.
 
     ``target`` and ``draft`` are ``[batch, k, vocab]`` probabilities (any strides), ``ids``
-    int64 drafts, ``bonus`` ``[batch]`` int64, ``uniforms`` ``[batch, k + 1]`` float64.
+    int64 drafts, ``bonus`` ``[batch]`` int64, ``uniforms`` ``[batch, k + 1]`` float64: the
+    accept tests then the final draw, or with ``drawn`` the final draw first
+    (:func:`specsample.random.drawn_uniforms`).
     """
     for b in prange(target.shape[0]):
-        _verify_one(target, draft, ids, bonus, uniforms, token_ids, num_accepted, b)
+        _verify_one(target, draft, ids, bonus, uniforms, token_ids, num_accepted, b, drawn)
 
 
 chain_rule_serial = serial(chain_rule)
