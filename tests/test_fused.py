@@ -151,6 +151,23 @@ def test_projection_joins_layers_with_and_without_biases() -> None:
             torch.testing.assert_close(got, layer(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+def test_rms_norm_is_the_models_own_bit_for_bit(dtype: torch.dtype) -> None:
+    """On float32 rows the fused forward's norm is PyTorch's ``rms_norm``, one operation;
+    on every dtype its values are ``transformers``' own."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    torch.manual_seed(4)
+    norm = LlamaRMSNorm(576, eps=1e-5).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(576) * 0.3 + 1)
+        x = (torch.randn(3, 7, 576) * torch.logspace(-3, 3, 7)[:, None]).to(dtype)
+        want = norm(x)
+    got = fused_module._rms_norm(x, (norm.weight.detach(), norm.variance_epsilon))
+    assert got.dtype == want.dtype
+    assert torch.equal(got, want)
+
+
 def test_models_it_does_not_serve_keep_their_own_forward() -> None:
     windowed = transformers.AutoConfig.for_model("mistral", **{**COMMON, "sliding_window": 4})
     torch.manual_seed(0)

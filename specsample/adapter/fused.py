@@ -11,7 +11,9 @@ computes the same logits from the model's own parameters with the fewest operati
 * on a CPU, for float32 weights (up to :data:`PACK_LIMIT_BYTES`), those products run on
   weights laid out once for oneDNN (``torch.ops.mkldnn``), 1.5 to 2.7 times faster than the
   default matrix product for 1 to 48 rows on a two-core x86-64 machine;
-* rotary tables computed once per forward, the keys and values appended in place to the
+* rotary tables computed once per forward and applied to the queries and keys as one tensor,
+  the RMS norms of float32 rows as one operation (``torch.nn.functional.rms_norm``, the same
+  values as ``transformers``' step-by-step norm); the keys and values appended in place to the
   loop's own :class:`~specsample.adapter.cache.KVCache` (the one the model's forward writes
   through its ``transformers`` boundary), attention by
   :func:`torch.nn.functional.scaled_dot_product_attention` under the cache's additive mask;
@@ -150,16 +152,21 @@ class Projection:
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         """The layers' outputs for ``x [..., in_features]``."""
-        if self.quantized is not None:
-            joined = self.quantized(x).to(x.dtype)
-            if self.bias is not None:
-                joined = joined + self.bias
-        elif self.packed is not None:
-            weight, bias = self.packed
-            joined = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-        else:
+        joined = self.joined(x)
+        if joined is None:
             return [layer(x) for layer in self.layers]
         return list(joined.split(self.sizes, dim=-1)) if len(self.sizes) > 1 else [joined]
+
+    def joined(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The layers' outputs end to end, ``[..., sum(out_features)]``, as one product;
+        ``None`` where the layers run one by one."""
+        if self.quantized is not None:
+            joined = self.quantized(x).to(x.dtype)
+            return joined if self.bias is None else joined + self.bias
+        if self.packed is not None:
+            weight, bias = self.packed
+            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        return None
 
 
 def _format(layer: Any) -> str | None:
@@ -211,8 +218,11 @@ def _norm(module: Any) -> tuple[torch.Tensor, float]:
 
 
 def _rms_norm(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
-    """``transformers``' RMS norm: statistics in float32, the weight in the input's dtype."""
+    """``transformers``' RMS norm: statistics in float32, the weight in the input's dtype
+    (on float32 rows and weight, PyTorch's own ``rms_norm``: one operation, the same values)."""
     weight, eps = norm
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     wide = x.to(torch.float32)
     wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
     return weight * wide.to(x.dtype)
@@ -333,14 +343,11 @@ class FusedForward:
         x = F.embedding(input_ids, self.embedding)
         freqs = position_ids[..., None].to(torch.float32) * self.inv_freq
         angles = torch.cat((freqs, freqs), dim=-1)
-        cos = (angles.cos() * self.rotary_scaling).to(x.dtype).unsqueeze(1)
-        sin = (angles.sin() * self.rotary_scaling).to(x.dtype).unsqueeze(1)
-        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        cos = (angles.cos() * self.rotary_scaling).to(x.dtype).unsqueeze(2)
+        sin = (angles.sin() * self.rotary_scaling).to(x.dtype).unsqueeze(2)
+        heads, dim = self.heads, self.head_dim
         for index, layer in enumerate(self.layers):
-            query, key, value = layer.qkv(_rms_norm(x, layer.input_norm))
-            query = _rotate(query.view(batch, n, heads, dim).transpose(1, 2), cos, sin)
-            key = _rotate(key.view(batch, n, kv_heads, dim).transpose(1, 2), cos, sin)
-            value = value.view(batch, n, kv_heads, dim).transpose(1, 2)
+            query, key, value = self._heads(layer, _rms_norm(x, layer.input_norm), cos, sin)
             keys, values = cache.update(index, key, value)
             attended = self._attend(query, keys, values, mask)
             (out,) = layer.out(attended.transpose(1, 2).reshape(batch, n, heads * dim))
@@ -352,6 +359,26 @@ class FusedForward:
             x = x[:, -keep:]
         (logits,) = self.head(_rms_norm(x, self.norm))
         return logits
+
+    def _heads(
+        self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The rotated queries and keys and the values of ``x [batch, n, hidden]``, each
+        ``[batch, heads, n, dim]``, under rotary tables ``[batch, n, 1, dim]``: queries and
+        keys rotated as one tensor where the projection is one product."""
+        batch, n = x.shape[0], x.shape[1]
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        joined = layer.qkv.joined(x)
+        if joined is None:
+            query, key, value = layer.qkv(x)
+            query = _rotate(query.view(batch, n, heads, dim), cos, sin)
+            key = _rotate(key.view(batch, n, kv_heads, dim), cos, sin)
+        else:
+            width = (heads + kv_heads) * dim
+            both = _rotate(joined[..., :width].view(batch, n, heads + kv_heads, dim), cos, sin)
+            query, key, value = both[:, :, :heads], both[:, :, heads:], joined[..., width:]
+        value = value.reshape(batch, n, kv_heads, dim)
+        return query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
 
     def _attend(
         self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
