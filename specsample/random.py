@@ -387,27 +387,9 @@ def stripe(
 def step_uniforms(
     seeding: Seeding, k: int, device: torch.device, positions: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """The uniforms of one chain or block step: ``k`` accept tests, then the final draw
-    (:func:`drawn_uniforms` put in that order by :func:`in_step_order`).
-
-    Counter-seeded rows read the accept tests from :attr:`Stream.ACCEPT` and the final draw
-    from :attr:`Stream.FINAL`, each in the stripe of the row's position (see the module
-    docstring), so a loop never reuses a number: not even one that only influenced a
-    decision indirectly, as every ``eta_i`` does in block verification. Rows that read a
-    generator draw the final number first, then the accept tests: a row's first numbers do
-    not depend on how wide the batch is, so an unseeded request verified alone or beside
-    requests with more drafts reads the same numbers.
-
-    Parameters
-    ----------
-    seeding : Seeding
-        Where each row's numbers come from.
-    k : int
-        Drafts per row (``k < STEP_STRIDE``).
-    device : torch.device
-        Where the uniforms live.
-    positions : torch.Tensor, optional
-        ``[batch]`` int64 absolute position of each row's first draft (default 0).
+    """The uniforms of one chain or block step in the order a rule reads them: the ``k``
+    accept tests, then the final draw (:func:`drawn_uniforms`, same arguments, put in that
+    order by :func:`in_step_order`).
 
     Returns
     -------
@@ -429,10 +411,16 @@ def drawn_uniforms(
     seeding: Seeding, k: int, device: torch.device, positions: torch.Tensor | None = None
 ) -> torch.Tensor:
     """The uniforms of one chain or block step in the order they are drawn: the final draw,
-    then the ``k`` accept tests (:func:`step_uniforms` reads them the other way round).
-
-    A rule that reads them in this order saves the reordering
+    then the ``k`` accept tests. A rule that reads them in this order saves the reordering
     (:meth:`specsample.shared.PaddedRule.run_drawn`).
+
+    Counter-seeded rows read the accept tests from :attr:`Stream.ACCEPT` and the final draw
+    from :attr:`Stream.FINAL`, each in the stripe of the row's position (see the module
+    docstring), so a loop never reuses a number: not even one that only influenced a
+    decision indirectly, as every ``eta_i`` does in block verification. Rows that read a
+    generator draw the final number first, then the accept tests: a row's first numbers do
+    not depend on how wide the batch is, so an unseeded request verified alone or beside
+    requests with more drafts reads the same numbers.
 
     Parameters
     ----------
