@@ -26,8 +26,9 @@ from specsample.metadata import BatchLayout
 from specsample.params import Requests
 from specsample.plan import LogitsStep, Plan, TreeStep
 from specsample.probs import RowStats
-from specsample.random import Seeding, drawn_uniforms, step_uniforms
+from specsample.random import Seeding
 from specsample.shared import ChainStep, TreeVerifyResult, VerifyResult
+from specsample.uniforms import drawn_uniforms, step_uniforms
 
 
 def target_stats(

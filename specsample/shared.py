@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-from specsample.random import in_step_order
+from specsample.uniforms import in_step_order
 
 BLOCK = 1024
 """Tokens per vocabulary block of the two-level inverse CDF (rules and kernels alike)."""
@@ -106,7 +106,7 @@ class PaddedRule(ABC):
 
     def run_drawn(self, step: ChainStep) -> VerifyResult:
         """:meth:`run` on a ``step`` whose uniforms are in the order they were drawn (the
-        final draw first, :func:`specsample.random.drawn_uniforms`). This puts them in step
+        final draw first, :func:`specsample.uniforms.drawn_uniforms`). This puts them in step
         order; a rule that reads them in place overrides it."""
         return self.run(step._replace(uniforms=in_step_order(step.uniforms)))
 

@@ -20,7 +20,9 @@ transformers = pytest.importorskip("transformers")
 
 from specsample.adapter import CachedLM  # noqa: E402
 from specsample.adapter import fused as fused_module  # noqa: E402
-from specsample.adapter.fused import FusedForward, Projection, fused_forward  # noqa: E402
+from specsample.adapter import projection as projection_module  # noqa: E402
+from specsample.adapter.fused import FusedForward, fused_forward  # noqa: E402
+from specsample.adapter.projection import Projection  # noqa: E402
 from specsample.generate import speculative_generate, target_generate  # noqa: E402
 
 VOCAB = 50
@@ -125,7 +127,7 @@ def onednn_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """Lay even the tiny models' weights out for oneDNN (skip where torch has no oneDNN)."""
     if not torch.backends.mkldnn.is_available():
         pytest.skip("this torch build has no oneDNN")
-    monkeypatch.setattr(fused_module, "PACK_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(projection_module, "PACK_MIN_ELEMENTS", 0)
 
 
 @pytest.mark.usefixtures("onednn_everywhere")

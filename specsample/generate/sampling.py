@@ -28,8 +28,9 @@ import torch
 from specsample.metadata import SamplingMetadata, Scalars
 from specsample.params import Requests, SamplingParams
 from specsample.probs import processed_probs
-from specsample.random import STEP_STRIDE, Seeding, Stream, stripe
+from specsample.random import STEP_STRIDE, Seeding, Stream
 from specsample.seeding import check_seeds, seeding_from
+from specsample.uniforms import stripe
 
 DRAFT_STRIDE = STEP_STRIDE
 """Counters of :attr:`~specsample.random.Stream.DRAFT` a step may read per position, so at most

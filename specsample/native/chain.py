@@ -160,7 +160,7 @@ def chain_rule(
     ``target`` and ``draft`` are ``[batch, k, vocab]`` probabilities (any strides), ``ids``
     int64 drafts, ``bonus`` ``[batch]`` int64, ``uniforms`` ``[batch, k + 1]`` float64: the
     accept tests then the final draw, or with ``drawn`` the final draw first
-    (:func:`specsample.random.drawn_uniforms`).
+    (:func:`specsample.uniforms.drawn_uniforms`).
     """
     for b in prange(target.shape[0]):
         _verify_one(target, draft, ids, bonus, uniforms, token_ids, num_accepted, b, drawn)

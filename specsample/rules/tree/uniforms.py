@@ -21,13 +21,14 @@ from collections.abc import Sequence
 import torch
 
 from specsample.checks import check_bound, check_int, check_step_uniforms, check_uniform_values
-from specsample.random import Seeding, Stream, stripe
+from specsample.random import Seeding, Stream
 from specsample.seeding import (
     check_position_values,
     check_seeding,
     positions_from,
     require_positions,
 )
+from specsample.uniforms import stripe
 
 TREE_STRIDE = 1 << 20
 """Child tests a tree step may read per position: ``max_depth * max_children <= TREE_STRIDE``."""

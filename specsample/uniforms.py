@@ -1,0 +1,119 @@
+"""The uniforms of one chain or block step: which numbers of :mod:`specsample.random` a
+step reads, and in which order.
+
+A step of ``k`` drafts reads ``k + 1`` uniforms per row: ``k`` accept tests and a final
+draw. Counter-seeded rows read them in the stripe of the row's position
+(:func:`stripe`), the accept tests from :attr:`~specsample.random.Stream.ACCEPT` and the
+final draw from :attr:`~specsample.random.Stream.FINAL`; rows that read a generator draw the
+final number first. :func:`drawn_uniforms` gives them in that drawn order, :func:`step_uniforms`
+in the order a rule reads them (:func:`in_step_order`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specsample.random import STEP_STRIDE, Seeding, Stream
+
+
+def stripe(
+    positions: torch.Tensor | None, batch: int, n: int, stride: int, device: torch.device
+) -> torch.Tensor:
+    """``[batch, n]`` counters ``position * stride + j``: the stripe of a step at ``position``.
+
+    Examples
+    --------
+    >>> stripe(torch.tensor([0, 2]), 2, 3, 256, torch.device("cpu")).tolist()
+    [[0, 1, 2], [512, 513, 514]]
+    """
+    if n > stride:
+        raise ValueError(f"a step may read at most {stride} counters per stream, got {n}")
+    start = torch.zeros(batch, dtype=torch.int64, device=device)
+    if positions is not None:
+        start = positions.to(device=device, dtype=torch.int64)
+    return start.unsqueeze(-1) * stride + torch.arange(n, device=device)
+
+
+def step_uniforms(
+    seeding: Seeding, k: int, device: torch.device, positions: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The uniforms of one chain or block step in the order a rule reads them: the ``k``
+    accept tests, then the final draw (:func:`drawn_uniforms`, same arguments, put in that
+    order by :func:`in_step_order`).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[batch, k + 1]`` float64 in ``[0, 1)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> cpu = torch.device("cpu")
+    >>> u = step_uniforms(Seeding.build(2, cpu, seeds=[1, 1]), 3, cpu)
+    >>> u.shape, bool(torch.equal(u[0], u[1]))
+    (torch.Size([2, 4]), True)
+    """
+    return in_step_order(drawn_uniforms(seeding, k, device, positions))
+
+
+def drawn_uniforms(
+    seeding: Seeding, k: int, device: torch.device, positions: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The uniforms of one chain or block step in the order they are drawn: the final draw,
+    then the ``k`` accept tests. A rule that reads them in this order saves the reordering
+    (:meth:`specsample.shared.PaddedRule.run_drawn`).
+
+    Counter-seeded rows read the accept tests from :attr:`Stream.ACCEPT` and the final draw
+    from :attr:`Stream.FINAL`, each in the stripe of the row's position (see
+    :mod:`specsample.random`), so a loop never reuses a number: not even one that only
+    influenced a decision indirectly, as every ``eta_i`` does in block verification. Rows
+    that read a generator draw the final number first, then the accept tests: a row's first
+    numbers do not depend on how wide the batch is, so an unseeded request verified alone or
+    beside requests with more drafts reads the same numbers.
+
+    Parameters
+    ----------
+    seeding : Seeding
+        Where each row's numbers come from.
+    k : int
+        Drafts per row (``k < STEP_STRIDE``).
+    device : torch.device
+        Where the uniforms live.
+    positions : torch.Tensor, optional
+        ``[batch]`` int64 absolute position of each row's first draft (default 0).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[batch, k + 1]`` float64 in ``[0, 1)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> cpu = torch.device("cpu")
+    >>> drawn = drawn_uniforms(Seeding.build(1, cpu, seeds=[5]), 2, cpu)
+    >>> ordered = step_uniforms(Seeding.build(1, cpu, seeds=[5]), 2, cpu)
+    >>> bool(torch.equal(in_step_order(drawn), ordered))
+    True
+    """
+    if not 0 <= k < STEP_STRIDE:
+        raise ValueError(f"k must lie in [0, {STEP_STRIDE}), got {k}")
+    batch = seeding.batch
+    if seeding.seeds is None:  # no counter-seeded row: no counters to build
+        return seeding.unseeded(k + 1, device)
+    accept = stripe(positions, batch, k, STEP_STRIDE, device)
+    final = stripe(positions, batch, 1, 1, device)
+    return seeding.draw(device, [(Stream.FINAL, final), (Stream.ACCEPT, accept)])
+
+
+def in_step_order(drawn: torch.Tensor) -> torch.Tensor:
+    """``[batch, k + 1]`` uniforms as drawn (:func:`drawn_uniforms`: the final draw first)
+    in the order a step reads them: the ``k`` accept tests, then the final draw.
+
+    Examples
+    --------
+    >>> in_step_order(torch.tensor([[0.75, 0.25, 0.5]])).tolist()
+    [[0.25, 0.5, 0.75]]
+    """
+    return drawn.roll(-1, dims=1)
