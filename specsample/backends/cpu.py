@@ -113,6 +113,10 @@ fused_chain = FusedChainRule()
 """The chain rule on probabilities by the fused CPU kernel (:class:`FusedChainRule`)."""
 
 
+_NO_FILTER = (torch.empty(0, dtype=torch.int64), torch.empty(2, 0))
+"""The filters of a batch without any, as :func:`_filters` gives them."""
+
+
 def _filters(sampling: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor]:
     """The filters as :func:`specsample.native.logits.row_stats` takes them: ``[rows]``
     int64 top-k (0 off) and ``[2, rows]`` float32 top-p (1 off) and ``log(min_p)`` (``-inf``
@@ -122,7 +126,7 @@ def _filters(sampling: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor]:
     if sampling.max_top_k == 0:
         top_k = None
     if top_k is None and top_p is None and min_p is None:
-        return torch.empty(0, dtype=torch.int64), torch.empty(2, 0)
+        return _NO_FILTER
     rows = sampling.inv_temperature.shape[0]
     limits = torch.empty(2, rows)
     limits[0] = 1.0 if top_p is None else top_p
@@ -156,9 +160,6 @@ def row_stats(
         stats.cutoff[rows] = processed.cutoff
         stats.log_norm[rows] = processed.log_norm
     return stats
-
-
-_NO_FILTER = (torch.empty(0, dtype=torch.int64), torch.empty(2, 0))
 
 
 def _kernel_stats(
