@@ -189,9 +189,20 @@ def test_row_statistics_agree_with_pytorch() -> None:
     assert torch.equal(full.cutoff.isnan(), expected.cutoff.isnan())
     torch.testing.assert_close(full.log_norm, expected.log_norm, rtol=1e-6, atol=1e-6)
     lazy = cpu.row_stats(logits, sampling, need_norm=False)
-    assert torch.equal(lazy.argmax, expected.argmax)
+    greedy = sampling.greedy
+    assert torch.equal(lazy.argmax[greedy], expected.argmax[greedy])
+    assert torch.equal(lazy.shift[greedy], expected.shift[greedy])
+    assert bool(lazy.shift[~greedy].isnan().all())  # left to the rows' reader
     usable = ~expected.cutoff.isnan()
     assert bool(lazy.log_norm[usable].isnan().all())
+    from specsample.native.logits import fill_norms
+
+    stacked = torch.stack([lazy.shift, lazy.inv_temperature, lazy.cutoff, lazy.log_norm])
+    fill_norms(logits.numpy(), stacked.numpy(), lazy.argmax.numpy())
+    assert torch.equal(lazy.argmax, expected.argmax)
+    assert torch.equal(stacked[0], expected.shift)
+    assert torch.equal(stacked[2].isnan(), expected.cutoff.isnan())
+    torch.testing.assert_close(stacked[3], expected.log_norm, rtol=1e-6, atol=1e-6)
 
 
 def test_calls_before_compilation_run_the_pytorch_code(monkeypatch: pytest.MonkeyPatch) -> None:

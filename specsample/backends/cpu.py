@@ -3,8 +3,8 @@
 * The chain rule on ``[batch, k, vocab]`` probabilities (what :class:`specsample.RejectionSampler`
   runs): one fused pass per sequence (:func:`specsample.native.chain.chain_rule`).
 * A chain step on flattened logits (what :func:`specsample.verify` and the generation loop
-  run): the row statistics (:func:`row_stats`; the normalisers of rows processed with a
-  temperature alone only for the rows the rule reads, the thresholds of top-k, top-p and
+  run): the row statistics (:func:`row_stats`; the largest logit and normaliser of a sampled
+  row without a filter only for the rows the rule reads, the thresholds of top-k, top-p and
   min-p by selection), then one fused pass per sequence
   (:func:`specsample.native.logits.chain_logits`).
 * Every other slot (the block rule, typical acceptance, trees, log-probabilities) runs the
@@ -116,6 +116,9 @@ fused_chain = FusedChainRule()
 _NO_FILTER = (torch.empty(0, dtype=torch.int64), torch.empty(2, 0))
 """The filters of a batch without any, as :func:`_filters` gives them."""
 
+_NONE_LAZY = np.zeros(0, np.bool_)
+"""No row left to the walk (the ``lazy`` of :func:`specsample.native.logits.row_stats`)."""
+
 
 def _filters(sampling: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor]:
     """The filters as :func:`specsample.native.logits.row_stats` takes them: ``[rows]``
@@ -148,12 +151,15 @@ def row_stats(
     (:mod:`specsample.native.filters`); a row whose top-p threshold is too close to call
     takes its statistics from PyTorch. Which computes a row depends on that row alone, so a
     request's result does not depend on the others in its batch. An all-greedy batch
-    without ``need_norm`` needs the argmaxes alone: no filter is applied.
+    without ``need_norm`` needs the argmaxes alone: no filter is applied. Without
+    ``need_norm``, the shift and argmax of a sampled row without a filter are left NaN and 0
+    too: :func:`verify_logits` reads only the rows its walk reaches.
     """
     if not _fused_logits(logits):
         return eager.row_stats(logits, sampling, need_norm=need_norm)
     filters = _filters(sampling) if need_norm or not sampling.all_greedy else _NO_FILTER
-    stats, undecided = _kernel_stats(logits, sampling.inv_temperature, filters, need_norm)
+    lazy = _NONE_LAZY if need_norm or sampling.all_greedy else ~sampling.greedy.numpy()
+    stats, undecided = _kernel_stats(logits, sampling.inv_temperature, filters, need_norm, lazy)
     if undecided.any():
         rows = torch.from_numpy(np.flatnonzero(undecided))
         processed = eager.row_stats(logits[rows], sampling.rows(rows), need_norm=True)
@@ -167,22 +173,27 @@ def _kernel_stats(
     inv_temperature: torch.Tensor | float,
     filters: tuple[torch.Tensor, torch.Tensor],
     norms: bool,
+    lazy: np.ndarray,
 ) -> tuple[RowStats, np.ndarray]:
-    """The statistics of float32 rows by the kernel, and the rows it left undecided."""
+    """The statistics of float32 rows by the kernel (``lazy`` as
+    :func:`specsample.native.logits.row_stats` takes it), and the rows it left undecided."""
     from specsample.native import logits as kernels
 
-    parallel = logits.numel() >= _PARALLEL_ELEMENTS
-    kernel = kernels.row_stats if parallel else kernels.row_stats_serial
     rows = logits.shape[0]
+    read = rows - int(lazy.sum()) if filters[0].shape[0] == 0 else rows
+    kernel = (
+        kernels.row_stats
+        if read * logits.shape[1] >= _PARALLEL_ELEMENTS
+        else kernels.row_stats_serial
+    )
     stats = torch.empty(4, rows)
     stats[1] = inv_temperature
     argmax = torch.empty(rows, dtype=torch.int64)
-    top, index = np.empty(rows, np.float32), np.empty(rows, np.int64)
     undecided = np.zeros(rows, np.bool_)
     top_k, limits = filters
     kernel(
-        _dense(_float32(logits)), top, index, stats.numpy(), argmax.numpy(), norms,
-        _dense(top_k), _dense(limits), undecided,
+        _dense(_float32(logits)), stats.numpy(), argmax.numpy(), norms, _dense(top_k),
+        _dense(limits), lazy, undecided,
     )  # fmt: skip
     return RowStats(stats[1], stats[2], stats[3], argmax, stats[0]), undecided
 
@@ -225,7 +236,8 @@ def _draft_rows(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor] | None:
         if not _fused_logits(rows):
             return None
         rows = _float32(rows)
-        return rows, _stacked(_kernel_stats(rows, 1.0, _NO_FILTER, False)[0])
+        lazy = np.ones(rows.shape[0], np.bool_)
+        return rows, _stacked(_kernel_stats(rows, 1.0, _NO_FILTER, False, lazy)[0])
     if step.draft_probs is not None and step.draft_probs.shape[0]:
         rows = step.draft_probs
         return (rows, none) if rows.dtype in _FUSED_DTYPES else None
@@ -268,16 +280,16 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _with_norms(step: LogitsStep) -> LogitsStep:
-    """``step`` with the log-norms :func:`row_stats` left to the kernel computed (what the
-    PyTorch code reads)."""
+    """``step`` with the shifts, argmaxes and log-norms :func:`row_stats` left to the kernel
+    computed (what the PyTorch code reads)."""
     if step.plan.uniforms is None or not _fused_logits(step.target_logits):
         return step
     from specsample.native.logits import fill_norms
 
     stats = step.plan.stats
-    stacked = _stacked(stats)
-    fill_norms(_dense(_float32(step.target_logits)), stacked.numpy())
-    full = stats._replace(log_norm=stacked[3])
+    stacked, argmax = _stacked(stats), stats.argmax.clone()
+    fill_norms(_dense(_float32(step.target_logits)), stacked.numpy(), argmax.numpy())
+    full = stats._replace(shift=stacked[0], cutoff=stacked[2], log_norm=stacked[3], argmax=argmax)
     return step._replace(plan=step.plan._replace(stats=full))
 
 
@@ -316,13 +328,13 @@ def _warm_logits() -> None:
     stats = np.zeros((4, 2), np.float32)
     argmax = np.zeros(2, np.int64)
     layout = np.array([[1], [0], [0], [0], [-1]], np.int64)
-    kernels.fill_norms(logits, stats)
+    kernels.fill_norms(logits, stats, argmax)
     kernels.fill_norms.disable_compile()
     for stats_kernel in (kernels.row_stats, kernels.row_stats_serial):
         for top_k, limits in ((np.zeros(0, np.int64), np.zeros((2, 0), np.float32)),
                               (np.ones(2, np.int64), np.zeros((2, 2), np.float32))):  # fmt: skip
-            stats_kernel(logits, np.zeros(2, np.float32), argmax, stats, argmax, True, top_k,
-                         limits, np.zeros(2, np.bool_))  # fmt: skip
+            stats_kernel(logits, stats, argmax, True, top_k, limits, _NONE_LAZY,
+                         np.zeros(2, np.bool_))  # fmt: skip
         stats_kernel.disable_compile()
     for chain in (kernels.chain_logits, kernels.chain_logits_serial):
         for draft in (np.zeros((1, 4), np.float32), np.zeros((1, 4), np.float64)):

@@ -3,8 +3,8 @@
 :func:`scaled` computes ``z = (logit - shift) / T`` as :func:`specsample.probs.scaled_logits`
 does, value for value, and :func:`prob` the probability ``exp(z - log_norm)`` of a kept
 token. :func:`exp32` is a float32 exponential accurate to about one unit in the last place,
-written so that the compiler vectorises it; PyTorch's own ``exp`` rounds differently in about
-one value in ten, by one unit in the last place.
+written so that the compiler vectorises it, with fused multiply-adds; PyTorch's own ``exp``
+rounds differently in about one value in ten, by one unit in the last place.
 """
 
 from __future__ import annotations
@@ -40,6 +40,22 @@ def _bits_to_float32(typingctx, bits):  # type: ignore[no-untyped-def]
     return signature, codegen
 
 
+@intrinsic
+def _fma(typingctx, a, b, c):  # type: ignore[no-untyped-def]
+    """``a * b + c`` rounded once (float32): the ``llvm.fma`` intrinsic, which vectorises into
+    the processor's fused multiply-add where it has one and is computed exactly otherwise."""
+    signature = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        f32 = ir.FloatType()
+        fma = builder.module.declare_intrinsic(
+            "llvm.fma", [f32], ir.FunctionType(f32, [f32, f32, f32])
+        )
+        return builder.call(fma, args)
+
+    return signature, codegen
+
+
 @njit(inline="always")
 def _power_of_two(n: np.int32) -> np.float32:
     """``2 ** n`` for an integer ``n`` in ``[-126, 127]``."""
@@ -51,15 +67,18 @@ def exp32(x: np.float32) -> np.float32:
     """``exp(x)`` in float32 for ``x <= 0`` (``-inf`` gives 0), to about one ulp.
 
     Range reduction ``x = n log 2 + r`` with ``|r| <= log(2) / 2`` (``log 2`` split in two
-    parts so ``n log 2`` is exact), a degree-7 polynomial for ``exp(r)``, then the scaling by
-    ``2 ** n`` in two exact halves, so results below float32's smallest normal number round
-    as a single multiplication would.
+    parts so ``n log 2`` is exact), a degree-7 polynomial for ``exp(r)`` in fused
+    multiply-adds (a third fewer operations than separate ones, and each step rounded once),
+    then the scaling by ``2 ** n`` in two exact halves, so results below float32's smallest
+    normal number round as a single multiplication would.
     """
     x = max(x, np.float32(-104.0))
-    n = np.floor(x * _LOG2E + np.float32(0.5))
-    r = x - n * _LN2_HIGH - n * _LN2_LOW
-    poly = ((((_P[0] * r + _P[1]) * r + _P[2]) * r + _P[3]) * r + _P[4]) * r + _P[5]
-    y = poly * (r * r) + r + np.float32(1.0)
+    n = np.floor(_fma(x, _LOG2E, np.float32(0.5)))  # type: ignore[call-arg]
+    r = _fma(-n, _LN2_LOW, _fma(-n, _LN2_HIGH, x))  # type: ignore[call-arg]
+    poly = _P[0]
+    for c in _P[1:]:
+        poly = _fma(poly, r, c)  # type: ignore[call-arg]
+    y = _fma(poly, r * r, r) + np.float32(1.0)  # type: ignore[call-arg]
     half = np.int32(n) >> np.int32(1)
     return y * _power_of_two(half) * _power_of_two(np.int32(n) - half)
 

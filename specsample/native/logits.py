@@ -1,13 +1,16 @@
 """The chain rule on flattened logits as one fused pass per sequence, and the row sums it needs.
 
 :func:`row_stats` computes the :class:`specsample.probs.RowStats` of rows from their largest
-logits: one pass over each row with no filter. :func:`chain_logits` then verifies a ragged
-batch as :func:`specsample.backends.eager.verify_logits` does with ``method="chain"``: for
-each sequence it walks its drafts until the first rejection, reading ``q(x)`` (and ``p(x)``)
-of each draft alone, then builds the target and draft rows at that position once, in
-float32, and draws from their residual with :func:`specsample.native.chain.draw_residual`
-(the hierarchy of :mod:`specsample.rules.residual`). Sequences run in parallel; nothing of
-size ``[batch, vocab]`` is allocated besides two rows per sequence being drawn.
+logits: one pass over each row with no filter, or none for a sampled row left to the walk.
+:func:`chain_logits` then verifies a ragged batch as
+:func:`specsample.backends.eager.verify_logits` does with ``method="chain"``: for each
+sequence it walks its drafts until the first rejection, reading ``q(x)`` (and ``p(x)``) of
+each draft alone (a row's largest logit and normaliser computed when the walk reaches it, so
+a temperature-1 step reads only the rows it needs), then builds the target and draft rows at
+that position once, in float32, and draws from their residual with
+:func:`specsample.native.chain.draw_residual` (the hierarchy of
+:mod:`specsample.rules.residual`). Sequences run in parallel; nothing of size
+``[batch, vocab]`` is allocated besides two rows per sequence being drawn.
 
 Probabilities are ``exp(z - log_norm)`` with ``z`` as :func:`specsample.probs.scaled_logits`
 computes it, in float32, with the exponential :func:`specsample.native.floats.exp32`, which
@@ -73,33 +76,58 @@ def _largest(row: np.ndarray, maxima: np.ndarray) -> tuple[np.float32, int, bool
 
 
 @njit(inline="always")
-def _row_stats(logits: np.ndarray, top: np.ndarray, index: np.ndarray, stats: np.ndarray,
-               argmax: np.ndarray, norms: bool, top_k: np.ndarray, limits: np.ndarray,
-               undecided: np.ndarray, r: int) -> None:  # fmt: skip
+def _shift(row: np.ndarray, stats: np.ndarray, r: int, maxima: np.ndarray) -> int:
+    """Set the shift (the largest logit) of row ``r``, its cutoff ``-inf`` and its log-norm
+    NaN (not yet computed), or mark it without a distribution (shift 0, cutoff NaN, log-norm
+    ``inf``) when it holds a NaN or only ``-inf``; return the index of its largest value (0
+    without a distribution). ``maxima`` as :func:`_largest` takes it."""
+    top, index, nan = _largest(row, maxima)
+    if nan or np.isnan(top) or top == -np.inf:
+        stats[0, r], stats[2, r], stats[3, r] = 0.0, np.nan, np.inf
+        return 0
+    stats[0, r], stats[2, r], stats[3, r] = top, -np.inf, np.nan
+    return index
+
+
+@njit(inline="always")
+def _resolve(logits: np.ndarray, stats: np.ndarray, argmax: np.ndarray, r: int) -> None:
+    """Compute the shift and argmax of row ``r`` where :func:`row_stats` left them to the
+    reader (its shift NaN); ``argmax`` may be empty (draft rows need none)."""
+    if np.isnan(stats[0, r]):
+        index = _shift(logits[r], stats, r, np.empty(0, np.float32))
+        if argmax.shape[0]:
+            argmax[r] = index
+
+
+@njit(inline="always")
+def _row_stats(logits: np.ndarray, stats: np.ndarray, argmax: np.ndarray, norms: bool,
+               top_k: np.ndarray, limits: np.ndarray, lazy: np.ndarray, undecided: np.ndarray,
+               r: int) -> None:  # fmt: skip
     """The statistics of row ``r`` (see :func:`row_stats`)."""
     row = logits[r]
     filtered = top_k.shape[0] and (top_k[r] > 0 or limits[0, r] < 1.0 or limits[1, r] > -np.inf)
-    maxima = np.empty(row.shape[0] // BLOCK if filtered else 0, np.float32)
-    top[r], index[r], nan = _largest(row, maxima)
-    if nan:
-        top[r] = np.nan
-    if np.isnan(top[r]) or top[r] == -np.inf:
-        stats[0, r], stats[2, r], stats[3, r], argmax[r], index[r] = 0.0, np.nan, np.inf, 0, 0
+    if not filtered and lazy.shape[0] and lazy[r]:
+        stats[0, r], stats[2, r], stats[3, r], argmax[r] = np.nan, -np.inf, np.nan, 0
         return
-    stats[0, r], stats[2, r], stats[3, r], argmax[r] = top[r], -np.inf, np.nan, index[r]
+    maxima = np.empty(row.shape[0] // BLOCK if filtered else 0, np.float32)
+    argmax[r] = _shift(row, stats, r, maxima)
+    if np.isnan(stats[2, r]):
+        return
     if filtered:
         stats[2, r], stats[3, r], decided = filter_stats(
             row, maxima, stats[0, r], stats[1, r], top_k[r], limits[0, r], limits[1, r]
         )
         undecided[r] = not decided
     elif norms:
-        _fill_norm(logits, stats, r)
+        _fill_norm(logits, stats, argmax, r)
 
 
 @njit(inline="always")
-def _fill_norm(logits: np.ndarray, stats: np.ndarray, r: int) -> None:
+def _fill_norm(logits: np.ndarray, stats: np.ndarray, argmax: np.ndarray, r: int) -> None:
     """Compute the log-norm of row ``r`` where it is not yet known (NaN on a row with a
-    distribution: its cutoff is not NaN)."""
+    distribution: its cutoff is not NaN), and first its shift and argmax where
+    :func:`row_stats` left them (:func:`_resolve`)."""
+    _resolve(logits, stats, argmax, r)
     if np.isnan(stats[3, r]) and not np.isnan(stats[2, r]):
         scratch = np.empty(logits.shape[1], np.float32)
         stats[3, r] = np.log(_exp_sum_into(logits[r], stats[0, r], stats[1, r], scratch))
@@ -108,25 +136,25 @@ def _fill_norm(logits: np.ndarray, stats: np.ndarray, r: int) -> None:
 @njit(parallel=True)
 def row_stats(
     logits: np.ndarray,
-    top: np.ndarray,
-    index: np.ndarray,
     stats: np.ndarray,
     argmax: np.ndarray,
     norms: bool,
     top_k: np.ndarray,
     limits: np.ndarray,
+    lazy: np.ndarray,
     undecided: np.ndarray,
 ) -> None:
     """The :class:`specsample.probs.RowStats` of ``[rows, vocab]`` float32 rows, rows in
     parallel, each read once from memory.
 
-    The kernel writes each row's largest logit into ``top`` (NaN when the row holds one, as
-    ``torch.max``) and the index of its first occurrence into ``index``; ``stats[1]`` holds
-    the rows' ``1 / T`` and the kernel writes the shift, cutoff and log-norm into
-    ``stats[0]``, ``stats[2]`` and ``stats[3]``, and ``argmax``, with the conventions of
+    ``stats[1]`` holds the rows' ``1 / T``; the kernel writes the shift (the row's largest
+    logit), cutoff and log-norm into ``stats[0]``, ``stats[2]`` and ``stats[3]``, and the
+    index of the first largest logit into ``argmax``, with the conventions of
     :func:`specsample.probs.row_stats` for a row without a distribution. Without ``norms``,
-    the log-norms of rows with a distribution and no filter are left NaN:
-    :func:`chain_logits` computes those of the rows it reads.
+    the log-norms of rows with a distribution and no filter are left NaN, and so are the
+    shifts of the rows without a filter that ``lazy`` ``[rows]`` (bool, or empty for none)
+    marks: :func:`chain_logits` computes those of the rows it reads (and
+    :func:`fill_norms` all of them), so a sampled row the walk never reaches is never read.
 
     Filters: ``top_k`` ``[rows]`` int64 (0 off) and ``limits`` ``[2, rows]`` float32, the
     rows' ``top_p`` (1 off) and ``log(min_p)`` (``-inf`` off), or both empty when no row has
@@ -135,7 +163,7 @@ def row_stats(
     call, the kernel sets ``undecided`` ``[rows]`` (bool, False from the caller) at the row.
     """
     for r in prange(logits.shape[0]):
-        _row_stats(logits, top, index, stats, argmax, norms, top_k, limits, undecided, r)
+        _row_stats(logits, stats, argmax, norms, top_k, limits, lazy, undecided, r)
 
 
 row_stats_serial = serial(row_stats)
@@ -143,10 +171,11 @@ row_stats_serial = serial(row_stats)
 
 
 @njit
-def fill_norms(logits: np.ndarray, stats: np.ndarray) -> None:
-    """Compute the log-norms :func:`row_stats` left NaN (``stats`` ``[4, rows]`` as there)."""
+def fill_norms(logits: np.ndarray, stats: np.ndarray, argmax: np.ndarray) -> None:
+    """Compute the shifts, argmaxes and log-norms :func:`row_stats` left NaN (``stats``
+    ``[4, rows]`` and ``argmax`` ``[rows]`` as there)."""
     for r in range(logits.shape[0]):
-        _fill_norm(logits, stats, r)
+        _fill_norm(logits, stats, argmax, r)
 
 
 @njit(inline="always")
@@ -164,7 +193,7 @@ def _draft_prob(draft: np.ndarray, draft_stats: np.ndarray, row: int, x: int) ->
         return 1.0
     if draft_stats.shape[1] == 0:
         return np.float64(draft[row, x])
-    _fill_norm(draft, draft_stats, row)
+    _fill_norm(draft, draft_stats, np.empty(0, np.int64), row)
     s = draft_stats
     return np.float64(prob(draft[row, x], s[0, row], s[1, row], s[2, row], s[3, row]))
 
@@ -184,7 +213,7 @@ def _draft_row(draft: np.ndarray, draft_stats: np.ndarray, row: int, x: int, rej
         for i in range(out.shape[0]):
             out[i] = np.float32(draft[row, i])
     else:
-        _fill_norm(draft, draft_stats, row)
+        _fill_norm(draft, draft_stats, np.empty(0, np.int64), row)
         _fill_probs(draft[row], draft_stats, row, out)
 
 
@@ -201,6 +230,7 @@ def _verify_one(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layou
     n = 0
     while n < drafts:
         x, row = ids[first + n], min(start + n, rows - 1)
+        _resolve(target, stats, argmax, row)
         if x < 0 or x >= vocab or np.isnan(stats[2, row]):
             break
         if greedy:
@@ -216,6 +246,7 @@ def _verify_one(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layou
                 break
         n += 1
     row = min(start + n, rows - 1)
+    _resolve(target, stats, argmax, row)
     final = argmax[row]
     if layout[4, b] >= 0 and n == drafts:
         final = layout[4, b]
@@ -225,7 +256,7 @@ def _verify_one(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layou
             for i in range(vocab):
                 q_row[i] *= inverse
         else:
-            _fill_norm(target, stats, row)
+            _fill_norm(target, stats, argmax, row)
             _fill_probs(target[row], stats, row, q_row)
         x = ids[first + n] if n < drafts else -1
         d_row = min(first + n, max(ids.shape[0] - 1, 0))
