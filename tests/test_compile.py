@@ -17,6 +17,7 @@ from torch._dynamo.utils import counters
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from specsample import RejectionSampler, verify
+from specsample.native import jit
 from specsample.random import Stream, counter_uniform
 
 SHAPES = [(8, 4, 50), (5, 3, 50), (3, 2, 50), (6, 5, 50)]
@@ -153,6 +154,7 @@ def test_counter_hash_is_one_opaque_operator() -> None:
     Every xor-shift of the hash reads its input twice; inlined into its consumers, the chain
     grows into an expression tree that took inductor minutes to generate code for.
     """
+    jit.warm_up(wait=True)  # the compiled CPU loop, where numba is installed, must not run
     seeds, counters_ = torch.arange(3), torch.arange(4).expand(3, 4)
     graph = make_fx(lambda s, c: counter_uniform(s, c, Stream.FINAL))(seeds, counters_)
     calls = [str(node.target) for node in graph.graph.nodes if node.op == "call_function"]

@@ -6,11 +6,11 @@ exponential. Given the same uniforms, ``verify(..., backend="cpu")`` returns the
 backend's tokens and accepted counts, column for column: on random ragged batches (every kind
 of draft rows: none, float32 and float64 probabilities, logits; given bonus tokens; greedy,
 sampled and mixed requests), on extreme logits (infinities, NaN, all ``-inf`` rows, ``3e38``
-at a low temperature, ids outside the vocabulary), on non-contiguous rows, and where the
-backend runs PyTorch's code (the block rule, half precision, no drafts), and with filters. The row
-statistics the kernel computes agree with PyTorch's. The exactness harness runs on the
-backend, on logits. Every test waits for the background compilation first, and is skipped
-without numba.
+at a low temperature, ids outside the vocabulary), on non-contiguous rows, on steps without
+drafts, where the backend runs PyTorch's code (the block rule, half precision), and with
+filters. The row statistics the kernel computes agree with PyTorch's. The exactness harness
+runs on the backend, on logits. Every test waits for the background compilation first, and is
+skipped without numba.
 """
 
 from __future__ import annotations
@@ -166,13 +166,30 @@ def test_filters_and_what_the_kernel_does_not_take_give_the_same_result(
             torch.testing.assert_close(got.logprobs, expected.logprobs, equal_nan=True)
 
 
-def test_half_precision_and_no_drafts_run_the_pytorch_code() -> None:
+def test_half_precision_gives_the_same_tokens() -> None:
     target, ids, counts, kwargs = _case(7, "probs32")
     _assert_same(target.bfloat16(), ids, counts, **kwargs)
-    kwargs.pop("draft_probs")
-    kwargs["uniforms"] = kwargs["uniforms"][:, :1]
-    batch = len(counts)
-    _assert_same(target[:batch], ids[:0], [0] * batch, **kwargs)
+
+
+def test_steps_without_drafts_run_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Target-only steps (every count 0: the draw from each request's own row), greedy,
+    sampled and mixed, extreme rows included: the kernel runs, with PyTorch's tokens."""
+    from specsample.native import logits
+
+    calls = []
+    for name in ("chain_logits", "chain_logits_serial"):
+        kernel = getattr(logits, name)
+        monkeypatch.setattr(logits, name, lambda *a, kernel=kernel: calls.append(kernel(*a)))
+    for seed in range(12):
+        target, ids, counts, kwargs = _case(seed, "none")
+        batch = len(counts)
+        rows = torch.randn(batch, target.shape[1], generator=torch.Generator().manual_seed(seed))
+        rows[0, 1] = math.inf if seed % 4 == 1 else rows[0, 1]
+        rows[-1] = -math.inf if seed % 4 == 2 else rows[-1]
+        kwargs["uniforms"] = kwargs["uniforms"][:, :1]
+        kwargs.pop("bonus_token_ids", None)
+        _assert_same(rows, ids[:0], [0] * batch, **kwargs)
+    assert len(calls) == 12
 
 
 def test_row_statistics_agree_with_pytorch() -> None:

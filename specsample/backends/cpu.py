@@ -248,7 +248,7 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`specsample.backends.eager.verify_logits`, by the kernel for a chain step on
     float32 CPU rows (the PyTorch code otherwise): the same tokens on the same uniforms."""
     layout, stats, greedy, uniforms = step.plan
-    fused = step.method == "chain" and layout.max_drafts and _fused_logits(step.target_logits)
+    fused = step.method == "chain" and _fused_logits(step.target_logits)
     draft = _draft_rows(step) if fused else None
     if draft is None:
         return eager.verify_logits(_with_norms(step))

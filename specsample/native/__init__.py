@@ -9,7 +9,9 @@
 * :mod:`~specsample.native.filters`: the top-k, top-p and min-p thresholds of a row, by
   selection;
 * :mod:`~specsample.native.floats`: the float32 arithmetic they share (a vectorised
-  exponential, ``z`` as PyTorch computes it, integer keys that order floats).
+  exponential, ``z`` as PyTorch computes it, integer keys that order floats);
+* :mod:`~specsample.native.hashing`: the counter-based uniforms of :mod:`specsample.random`
+  (what :func:`specsample.random.counter_uniform` runs on CPU tensors).
 
 The kernels take NumPy views of the tensors (no copy) and compute what the rules of
 :mod:`specsample.rules` compute, with the same arithmetic but for the exponential of the
