@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from specsample.native import jit
 
@@ -166,20 +165,13 @@ def counter_uniform(
     if key is None:
         key = stream_key(seeds, stream)
     counters = counters.to(torch.int64)
-    if key.device.type == "cpu" and _eager() and jit.ready():
+    if jit.runs_on(key):
         from specsample.native.hashing import hash_uniform  # loaded with numba
 
         out = torch.empty(counters.shape, dtype=torch.float64)
         hash_uniform(key.contiguous().numpy(), counters.contiguous().numpy(), out.numpy())
         return out
     return _hash_uniform(key, counters)
-
-
-def _eager() -> bool:
-    """Whether this call runs eagerly: neither traced by :func:`torch.compile` nor under a
-    dispatch mode that records operations (``make_fx``, fake tensors), which must see the
-    operator rather than its result."""
-    return not torch.compiler.is_compiling() and not is_in_torch_dispatch_mode()
 
 
 @torch.library.custom_op("specsample::hash_uniform", mutates_args=())

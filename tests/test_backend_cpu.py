@@ -4,8 +4,9 @@ Given the same uniforms, its chain rule on probabilities returns the PyTorch rul
 accepted counts, column for column: on random rows of several vocabularies (one block, a
 partial last block, many blocks), float32 and float64 rows, strided and contiguous layouts,
 extreme rows (one-hot, all-zero residuals, NaN, infinities, ids outside the vocabulary), and
-through :class:`specsample.RejectionSampler` on both backends. Half-precision rows, and calls
-made before the kernel has compiled, run the PyTorch rule itself. The exactness harness also
+through :class:`specsample.RejectionSampler` on both backends. Half-precision rows, calls
+made before the kernel has compiled, and calls recorded by ``make_fx``, run the PyTorch rule
+itself. The exactness harness also
 runs on the backend. Every test waits for the background compilation first, and is skipped
 without numba.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from specsample import RejectionSampler
 from specsample.backends import cpu
@@ -150,3 +152,25 @@ def test_exact_on_the_cpu_backend(family: str) -> None:
     )
     assert report.passed(1e-4), str(report)
     assert report.detectable_tv(0, 1e-4) <= 0.0123
+
+
+def _recorded_inputs(seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    target = torch.softmax(torch.randn(3, 4, 50, generator=gen) * 3, -1)
+    draft = torch.softmax(torch.randn(3, 4, 50, generator=gen) * 3, -1)
+    ids = torch.randint(0, 50, (3, 4), generator=gen)
+    bonus = torch.randint(0, 50, (3, 1), generator=gen)
+    return target, draft, ids, bonus, torch.rand(3, 5, generator=gen, dtype=torch.float64)
+
+
+def test_a_recorded_call_records_pytorch_operations_not_the_kernels_result() -> None:
+    """Under ``make_fx`` the backend runs PyTorch's code, so the graph computes the tokens of
+    other inputs; a kernel run there would leave the recorded call's tokens as a constant."""
+
+    def step(*inputs: torch.Tensor) -> torch.Tensor:
+        return cpu.fused_chain(*inputs).token_ids
+
+    recorded, other = _recorded_inputs(0), _recorded_inputs(1)
+    assert not torch.equal(step(*recorded), step(*other))
+    graph = make_fx(step)(*recorded)
+    assert torch.equal(graph(*other), step(*other))

@@ -7,10 +7,10 @@ backend's tokens and accepted counts, column for column: on random ragged batche
 of draft rows: none, float32 and float64 probabilities, logits; given bonus tokens; greedy,
 sampled and mixed requests), on extreme logits (infinities, NaN, all ``-inf`` rows, ``3e38``
 at a low temperature, ids outside the vocabulary), on non-contiguous rows, on steps without
-drafts, where the backend runs PyTorch's code (the block rule, half precision), and with
-filters. The row statistics the kernel computes agree with PyTorch's. The exactness harness
-runs on the backend, on logits. Every test waits for the background compilation first, and is
-skipped without numba.
+drafts, where the backend runs PyTorch's code (the block rule, half precision, a call recorded
+by ``make_fx``), and with filters. The row statistics the kernel computes agree with
+PyTorch's. The exactness harness runs on the backend, on logits. Every test waits for the
+background compilation first, and is skipped without numba.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from specsample import verify
 from specsample.backends import cpu, eager
@@ -261,3 +262,30 @@ def test_exact_on_the_cpu_backend_on_logits(draft_mode: str) -> None:
     z_rate = (report.acceptance_rate - rate) / math.sqrt(rate * (1 - rate) / rows)
     z_mean = (report.mean_accepted - mean) / math.sqrt(variance / rows)
     assert abs(z_rate) < z_max and abs(z_mean) < z_max, (z_rate, z_mean, str(report))
+
+
+def test_a_recorded_call_records_pytorch_operations_not_the_kernels_result() -> None:
+    """Under ``make_fx``, ``verify(..., backend="cpu")`` runs PyTorch's code: the graph gives
+    the tokens of other inputs (a kernel run there would bake the recorded tokens in)."""
+
+    def step(*inputs: torch.Tensor) -> torch.Tensor:
+        target, ids, draft, uniforms = inputs
+        return verify(
+            target, ids, [2, 3], draft_probs=draft, temperature=0.7, uniforms=uniforms,
+            backend="cpu",
+        ).token_ids  # fmt: skip
+
+    def inputs(seed: int) -> tuple[torch.Tensor, ...]:
+        gen = torch.Generator().manual_seed(seed)
+        draft = torch.softmax(torch.randn(5, 60, generator=gen), -1)
+        return (
+            torch.randn(7, 60, generator=gen) * 3,
+            torch.randint(0, 60, (5,), generator=gen),
+            draft,
+            torch.rand(2, 4, generator=gen, dtype=torch.float64),
+        )
+
+    recorded, other = inputs(0), inputs(1)
+    assert not torch.equal(step(*recorded), step(*other))
+    graph = make_fx(step)(*recorded)
+    assert torch.equal(graph(*other), step(*other))

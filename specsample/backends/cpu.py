@@ -18,8 +18,9 @@ round as float32's do, not bit for bit as PyTorch's, see :mod:`specsample.native
 The kernels run on CPU tensors (float32 or float64 probabilities, float32 logits) once their
 compilation has finished (:func:`specsample.native.jit.ready`, on a background thread, which
 is also where numba is first imported: ``import specsample`` does not load it); other calls
-(half precision, another device, a call being traced by ``torch.compile``, or the first calls
-while the kernels compile) run the PyTorch code, which gives the same tokens. Small batches
+(half precision, another device, a call being recorded by ``torch.compile`` or ``make_fx``,
+or the first calls while the kernels compile) run the PyTorch code, which gives the same
+tokens (:func:`specsample.native.jit.runs_on`). Small batches
 run on the calling thread; large ones use numba's threads.
 """
 
@@ -48,13 +49,11 @@ than they save."""
 def _fused(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> bool:
     """Whether the kernel takes these rows now (else the PyTorch rule runs)."""
     return (
-        target_probs.device.type == "cpu"
-        and target_probs.dtype in _FUSED_DTYPES
+        target_probs.dtype in _FUSED_DTYPES
         and draft_probs.dtype == target_probs.dtype
         and target_probs.shape[1] > 0
         and target_probs.shape[0] > 0
-        and not torch.compiler.is_compiling()
-        and jit.ready()
+        and jit.runs_on(target_probs)
     )
 
 
@@ -205,11 +204,9 @@ def _fused_logits(logits: torch.Tensor) -> bool:
     """Whether the logits kernels take these rows now (float32, or half precision, which
     :func:`_float32` widens exactly)."""
     return (
-        logits.device.type == "cpu"
-        and (logits.dtype == torch.float32 or logits.dtype in _HALF)
+        (logits.dtype == torch.float32 or logits.dtype in _HALF)
         and logits.shape[0] > 0
-        and not torch.compiler.is_compiling()
-        and jit.ready()
+        and jit.runs_on(logits)
     )
 
 

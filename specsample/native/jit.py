@@ -22,7 +22,10 @@ import types
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 _NUMBA = importlib.util.find_spec("numba") is not None
 _done = threading.Event()
@@ -165,6 +168,30 @@ def warm_up(*, wait: bool = False) -> None:
             _thread[0].start()
     if wait:
         _thread[0].join()
+
+
+def runs_on(tensor: torch.Tensor) -> bool:
+    """Whether a kernel may take this tensor now: a CPU tensor, in a call that is not being
+    recorded (neither traced by :func:`torch.compile` nor under a dispatch mode such as
+    ``make_fx`` or fake tensors, which must see PyTorch operations, not a kernel's result
+    baked in as a constant), and the kernels compiled (:func:`ready`).
+
+    Examples
+    --------
+    >>> import torch
+    >>> warm_up(wait=True)
+    >>> runs_on(torch.zeros(1)) == available()
+    True
+    """
+    import torch
+    from torch.utils._python_dispatch import is_in_torch_dispatch_mode
+
+    return (
+        tensor.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and not is_in_torch_dispatch_mode()
+        and ready()
+    )
 
 
 def ready() -> bool:
