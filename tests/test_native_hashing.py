@@ -1,10 +1,10 @@
 """The compiled CPU loop of the counter-based hash (:mod:`specsample.native.hashing`).
 
-Once the kernels are compiled, :func:`specsample.random.counter_uniform` on CPU tensors runs
-the loop instead of the ``specsample::hash_uniform`` operator: it must give the operator's
-numbers bit for bit (integer arithmetic, so equality, not closeness), for every stream, seeds
-across the whole int64 range, counters past ``2**32`` (both halves of a counter are hashed),
-int32 inputs and non-contiguous counters. Skipped without numba.
+Once the kernels are compiled, the ``specsample::hash_uniform`` operator's CPU kernel runs the
+loop instead of the integer tensor chain: it must give the chain's numbers bit for bit
+(integer arithmetic, so equality, not closeness), for every stream, seeds across the whole
+int64 range, counters past ``2**32`` (both halves of a counter are hashed), int32 inputs and
+non-contiguous counters. Skipped without numba.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from specsample.native import jit
-from specsample.random import Stream, _hash_uniform, counter_uniform, stream_key
+from specsample.random import Stream, _hash_chain, counter_uniform, stream_key
 
 pytestmark = pytest.mark.skipif(not jit.available(), reason="the compiled loop needs numba")
 
@@ -24,7 +24,7 @@ def _compiled() -> None:
     assert jit.ready()
 
 
-def test_the_loop_gives_the_operators_numbers_bit_for_bit() -> None:
+def test_the_loop_gives_the_chains_numbers_bit_for_bit() -> None:
     gen = torch.Generator().manual_seed(0)
     seeds = torch.randint(-(2**63), 2**63 - 1, (64,), generator=gen)
     seeds[:4] = torch.tensor([0, -1, 2**63 - 1, -(2**63)])
@@ -32,14 +32,14 @@ def test_the_loop_gives_the_operators_numbers_bit_for_bit() -> None:
     counters[:, :3] = torch.tensor([0, 2**32 - 1, 2**32])
     for stream in Stream:
         key = stream_key(seeds, stream)
-        expected = _hash_uniform(key, counters)
+        expected = _hash_chain(key, counters)
         assert torch.equal(counter_uniform(seeds, counters, stream), expected)
         assert torch.equal(counter_uniform(seeds, counters, stream, key=key), expected)
         every_other = counters[:, ::2]
         assert not every_other.is_contiguous()
         assert torch.equal(
             counter_uniform(seeds, every_other, stream),
-            _hash_uniform(key, every_other.contiguous()),
+            _hash_chain(key, every_other.contiguous()),
         )
 
 
@@ -49,5 +49,5 @@ def test_int32_inputs_and_broadcast_counters() -> None:
     key = stream_key(seeds, Stream.FINAL)
     got = counter_uniform(seeds, counters, Stream.FINAL)
     assert got.dtype == torch.float64 and got.shape == (3, 4)
-    assert torch.equal(got, _hash_uniform(key, counters.to(torch.int64).contiguous()))
+    assert torch.equal(got, _hash_chain(key, counters.to(torch.int64).contiguous()))
     assert bool(((got >= 0) & (got < 1)).all())

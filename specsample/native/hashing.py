@@ -1,8 +1,8 @@
 """The counter-based uniforms of :mod:`specsample.random` on CPU arrays, as one loop.
 
-:func:`hash_uniform` computes what the ``specsample::hash_uniform`` operator computes with
-PyTorch's integer operations (a chain of 32-bit "lowbias32" mixers): integer arithmetic, so the
-same numbers bit for bit, without the dozens of small tensor operations of the chain.
+:func:`hash_uniform` is the CPU kernel of the ``specsample::hash_uniform`` operator: what its
+chain of PyTorch integer operations computes (32-bit "lowbias32" mixers), in integer
+arithmetic, so the same numbers bit for bit, without the dozens of small tensor operations.
 """
 
 from __future__ import annotations
