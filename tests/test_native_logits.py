@@ -8,9 +8,10 @@ of draft rows: none, float32 and float64 probabilities, logits; given bonus toke
 sampled and mixed requests), on extreme logits (infinities, NaN, all ``-inf`` rows, ``3e38``
 at a low temperature, ids outside the vocabulary), on non-contiguous rows, on steps without
 drafts, where the backend runs PyTorch's code (the block rule, half precision, a call recorded
-by ``make_fx``), and with filters. The row statistics the kernel computes agree with
-PyTorch's. The exactness harness runs on the backend, on logits. Every test waits for the
-background compilation first, and is skipped without numba.
+by ``make_fx``), and with filters; the parallel kernel, whose threads share the walks, gives
+them too. The row statistics the kernel computes agree with PyTorch's. The exactness harness
+runs on the backend, on logits. Every test waits for the background compilation first, and is
+skipped without numba.
 """
 
 from __future__ import annotations
@@ -129,6 +130,36 @@ def test_extreme_logits_give_the_same_tokens(draft_kind: str) -> None:
     kwargs["uniforms"][:, 0] = 0.0
     kwargs["uniforms"][:, -1] = 1.0 - 2.0**-53
     _assert_same(target, ids, counts, **kwargs)
+
+
+@pytest.mark.parametrize("draft_kind", ["none", "probs32", "logits"])
+def test_threads_sharing_the_walks_give_the_same_tokens(
+    draft_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every sampled step on the parallel kernel, where threads take sequences as they free
+    up and compute rows ahead of the threads walking them (one sequence included): PyTorch's
+    tokens, whichever thread computed a row, in repeated calls."""
+    monkeypatch.setattr(cpu, "_PARALLEL_ELEMENTS", 0)
+    for seed in range(30):
+        target, ids, counts, kwargs = _case(seed, draft_kind)
+        for _ in range(3):
+            _assert_same(target, ids, counts, **kwargs)
+    target, ids, counts, kwargs = _case(4, draft_kind, vocab=1500)
+    target[1 % target.shape[0], 5] = math.nan
+    target[2 % target.shape[0]] = -math.inf
+    _assert_same(target, ids, counts, **kwargs)
+
+
+def test_a_large_batch_of_short_rows_shares_its_sequences(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fifty thousand sampled sequences on the parallel kernel: the threads share them (each
+    looks for rows to compute ahead only once it has none left), with PyTorch's tokens."""
+    monkeypatch.setattr(cpu, "_PARALLEL_ELEMENTS", 0)
+    gen = torch.Generator().manual_seed(11)
+    batch, k, vocab = 50_000, 2, 6
+    target = torch.randn(batch * (k + 1), vocab, generator=gen)
+    ids = torch.randint(0, vocab, (batch * k,), generator=gen)
+    uniforms = torch.rand(batch, k + 1, generator=gen, dtype=torch.float64)
+    _assert_same(target, ids, [k] * batch, temperature=1.0, uniforms=uniforms)
 
 
 def test_non_contiguous_rows_give_the_same_tokens() -> None:

@@ -21,7 +21,8 @@ is also where numba is first imported: ``import specsample`` does not load it); 
 (half precision, another device, a call being recorded by ``torch.compile`` or ``make_fx``,
 or the first calls while the kernels compile) run the PyTorch code, which gives the same
 tokens (:func:`specsample.native.jit.runs_on`). Small batches
-run on the calling thread; large ones use numba's threads.
+run on the calling thread; large ones use numba's threads (for a sampled step, as soon as its
+rows are large: the threads then share even one sequence's walk).
 """
 
 from __future__ import annotations
@@ -118,6 +119,10 @@ _NO_FILTER = (torch.empty(0, dtype=torch.int64), torch.empty(2, 0))
 _NONE_LAZY = np.zeros(0, np.bool_)
 """No row left to the walk (the ``lazy`` of :func:`specsample.native.logits.row_stats`)."""
 
+_UNREAD = torch.tensor([[math.nan], [math.nan], [-math.inf], [math.nan]])
+"""The shift, (placeholder) inverse temperature, cutoff and log-norm of a row left to the walk,
+as :func:`specsample.native.logits.row_stats` writes them."""
+
 
 def _filters(sampling: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor]:
     """The filters as :func:`specsample.native.logits.row_stats` takes them: ``[rows]``
@@ -180,6 +185,11 @@ def _kernel_stats(
 
     rows = logits.shape[0]
     read = rows - int(lazy.sum()) if filters[0].shape[0] == 0 else rows
+    if read == 0:  # what the kernel would write: every row left to the walk
+        stats = _UNREAD.expand(4, rows).clone()
+        stats[1] = inv_temperature
+        argmax = torch.zeros(rows, dtype=torch.int64)
+        return RowStats(stats[1], stats[2], stats[3], argmax, stats[0]), np.zeros(rows, np.bool_)
     kernel = (
         kernels.row_stats
         if read * logits.shape[1] >= _PARALLEL_ELEMENTS
@@ -252,7 +262,8 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     from specsample.native import logits as kernels
 
     batch = layout.batch
-    parallel = batch > 1 and batch * step.target_logits.shape[1] >= _PARALLEL_ELEMENTS
+    # threads share the walks of sampled sequences (greedy ones read one argmax a row)
+    parallel = uniforms is not None and step.target_logits.numel() >= _PARALLEL_ELEMENTS
     kernel = kernels.chain_logits if parallel else kernels.chain_logits_serial
     bonus = step.bonus_token_ids
     columns = [layout.num_drafts, layout.draft_start, layout.target_start, greedy]
@@ -272,6 +283,7 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
         _dense(uniforms),
         token_ids.numpy(),
         num_accepted.numpy(),
+        kernels.threads() if parallel else 1,
     )
     return token_ids, num_accepted
 
@@ -337,7 +349,7 @@ def _warm_logits() -> None:
         for draft in (np.zeros((1, 4), np.float32), np.zeros((1, 4), np.float64)):
             chain(
                 logits, stats, argmax, layout, np.zeros(1, np.int64), draft, stats,
-                np.full((1, 2), 0.5), np.zeros((1, 2), np.int64), np.zeros(1, np.int64),
+                np.full((1, 2), 0.5), np.zeros((1, 2), np.int64), np.zeros(1, np.int64), 2,
             )  # fmt: skip
         chain.disable_compile()
 

@@ -19,6 +19,7 @@ from specsample.native.jit import njit
 _LOG2E = np.float32(1.44269504)
 _LN2_HIGH = np.float32(0.693359375)
 _LN2_LOW = np.float32(-2.12194440e-4)
+_TWO_TO_MINUS_25 = np.float32(2.0**-25)
 _P = (
     np.float32(1.9875691500e-4),
     np.float32(1.3981999507e-3),
@@ -69,8 +70,9 @@ def exp32(x: np.float32) -> np.float32:
     Range reduction ``x = n log 2 + r`` with ``|r| <= log(2) / 2`` (``log 2`` split in two
     parts so ``n log 2`` is exact), a degree-7 polynomial for ``exp(r)`` in fused
     multiply-adds (a third fewer operations than separate ones, and each step rounded once),
-    then the scaling by ``2 ** n`` in two exact halves, so results below float32's smallest
-    normal number round as a single multiplication would.
+    then the scaling by ``2 ** n`` as an exact multiplication by ``2 ** (n + 25)`` (a normal
+    number for every ``n >= -150``) and one rounded by ``2 ** -25``, so results below
+    float32's smallest normal number round as a single multiplication would.
     """
     x = max(x, np.float32(-104.0))
     n = np.floor(_fma(x, _LOG2E, np.float32(0.5)))  # type: ignore[call-arg]
@@ -79,8 +81,7 @@ def exp32(x: np.float32) -> np.float32:
     for c in _P[1:]:
         poly = _fma(poly, r, c)  # type: ignore[call-arg]
     y = _fma(poly, r * r, r) + np.float32(1.0)  # type: ignore[call-arg]
-    half = np.int32(n) >> np.int32(1)
-    return y * _power_of_two(half) * _power_of_two(np.int32(n) - half)
+    return y * _power_of_two(np.int32(n) + np.int32(25)) * _TWO_TO_MINUS_25
 
 
 @njit(inline="always")

@@ -9,8 +9,10 @@ each draft alone (a row's largest logit and normaliser computed when the walk re
 a temperature-1 step reads only the rows it needs), then builds the target and draft rows at
 that position once, in float32, and draws from their residual with
 :func:`specsample.native.chain.draw_residual` (the hierarchy of
-:mod:`specsample.rules.residual`). Sequences run in parallel; nothing of size
-``[batch, vocab]`` is allocated besides two rows per sequence being drawn.
+:mod:`specsample.rules.residual`). Threads take sequences as they free up, then compute the
+rows of sequences still being walked ahead of the threads walking them, so one long walk is
+shared by two cores (:mod:`specsample.native.atomics` keeps each row computed once); nothing
+of size ``[batch, vocab]`` is allocated besides two rows per sequence being drawn.
 
 Probabilities are ``exp(z - log_norm)`` with ``z`` as :func:`specsample.probs.scaled_logits`
 computes it, in float32, with the exponential :func:`specsample.native.floats.exp32`, which
@@ -23,8 +25,10 @@ Triton backend's exponential.
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
+from specsample.native import atomics
 from specsample.native.chain import draw_residual
 from specsample.native.filters import filter_stats
 from specsample.native.floats import BLOCK, block_largest, exp32, prob, scaled
@@ -217,47 +221,156 @@ def _draft_row(draft: np.ndarray, draft_stats: np.ndarray, row: int, x: int, rej
         _fill_probs(draft[row], draft_stats, row, out)
 
 
+_FREE, _TAKEN, _COMPUTED, _KNOWN = 0, 1, 2, 3
+"""States of a target row's normaliser during :func:`chain_logits`: to compute, being
+computed by a thread, computed by the kernel (with :func:`_exp_sum_into`, so that ``q`` of
+the row is ``exp(z) / sum``), or not the kernel's to compute (given, or not needed)."""
+
+
 @njit(inline="always")
+def _row_states(stats: np.ndarray, layout: np.ndarray) -> np.ndarray:
+    """``[rows]`` int64 states: :data:`_FREE` for the rows of sampled sequences whose
+    log-norm is not yet known, :data:`_KNOWN` for every other row."""
+    rows = stats.shape[1]
+    states = np.full(rows, _KNOWN, np.int64)
+    for b in range(layout.shape[1]):
+        for n in range(_rows_read(layout, b)):
+            row = min(layout[2, b] + n, rows - 1)
+            if np.isnan(stats[3, row]):
+                states[row] = _FREE
+    return states
+
+
+@njit(inline="always")
+def _rows_read(layout: np.ndarray, b: int) -> int:
+    """How many target rows sequence ``b`` may need the statistics of: none when greedy (its
+    argmaxes are known), else one per draft and the bonus row unless its token is given."""
+    if layout[3, b]:
+        return 0
+    return layout[0, b] + (1 if layout[4, b] < 0 else 0)
+
+
+@njit(inline="always")
+def _norm_into(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, row: int,
+               out: np.ndarray) -> np.float32:  # fmt: skip
+    """Set the shift (where left to the reader) and the log-norm of target row ``row``,
+    keeping each ``exp(z)`` in ``out``; return their sum (NaN for a row without a
+    distribution, whose statistics :func:`_shift` sets)."""
+    _resolve(target, stats, argmax, row)
+    return _log_norm(target[row], stats, row, out)
+
+
+@njit(inline="always")
+def _log_norm(values: np.ndarray, stats: np.ndarray, r: int, out: np.ndarray) -> np.float32:
+    """Set the log-norm of the row ``values`` at column ``r`` of ``stats`` (its shift set),
+    keeping each ``exp(z)`` in ``out``; return their sum (NaN without a distribution)."""
+    if np.isnan(stats[2, r]):
+        return np.float32(np.nan)
+    total = _exp_sum_into(values, stats[0, r], stats[1, r], out)
+    stats[3, r] = np.log(total)
+    return total
+
+
+_PATIENCE = 4
+"""Reads of a row's state per logit of the row that a thread makes while another computes the
+row, about the time the other needs for it, before computing it itself (the other is late:
+not running, on a machine with more threads than cores)."""
+
+
+@njit(inline="always")
+def _settle(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, states: np.ndarray,
+            row: int, out: np.ndarray, own: np.ndarray) -> np.float32:  # fmt: skip
+    """Make the statistics of a sampled sequence's target row known, into ``own``
+    (``[4, 1]``): computed here unless another thread has computed them, or is computing them
+    (then wait for it, or compute them here without writing the shared ones if it is late).
+    Returns the sum of ``exp(z)`` where computed here (each ``exp(z)`` then in ``out``), else
+    NaN."""
+    total = np.float32(np.nan)
+    if atomics.read(states, row) == _FREE and atomics.claim(states, row, _FREE, _TAKEN):
+        total = _norm_into(target, stats, argmax, row, out)
+        atomics.publish(states, row, _COMPUTED)
+    reads = 0
+    while atomics.read(states, row) == _TAKEN:
+        reads += 1
+        if reads > _PATIENCE * target.shape[1]:
+            own[1, 0] = stats[1, row]
+            _shift(target[row], own, 0, np.empty(0, np.float32))
+            return _log_norm(target[row], own, 0, out)
+    own[:, 0] = stats[:, row]
+    return total
+
+
+@njit
+def _help(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layout: np.ndarray,
+          states: np.ndarray, walked: np.ndarray) -> None:  # fmt: skip
+    """Compute, ahead of the threads walking them, the statistics of rows of sampled
+    sequences still being walked, for a thread left without a sequence of its own: every
+    other row (the second, fourth...), so that the walking thread computes those between
+    while this one computes the next (were it to take the next free row, it would finish
+    each just before the walking thread could claim it, and take them all in turn)."""
+    rows, vocab = target.shape
+    scratch = np.empty(0, np.float32)
+    for b in range(layout.shape[1]):
+        n = 1
+        while n < _rows_read(layout, b) and atomics.read(walked, b) == 0:
+            row = min(layout[2, b] + n, rows - 1)
+            if atomics.read(states, row) == _FREE and atomics.claim(states, row, _FREE, _TAKEN):
+                if scratch.shape[0] == 0:
+                    scratch = np.empty(vocab, np.float32)
+                _norm_into(target, stats, argmax, row, scratch)
+                atomics.publish(states, row, _COMPUTED)
+            n += 2
+
+
+@njit
 def _verify_one(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layout: np.ndarray,
                 ids: np.ndarray, draft: np.ndarray, draft_stats: np.ndarray,
                 uniforms: np.ndarray, token_ids: np.ndarray, num_accepted: np.ndarray,
-                b: int) -> None:  # fmt: skip
+                states: np.ndarray, walked: np.ndarray, b: int) -> None:  # fmt: skip
     """Verify sequence ``b`` (see :func:`chain_logits`)."""
     rows, vocab = target.shape
     drafts, first, start, greedy = layout[0, b], layout[1, b], layout[2, b], layout[3, b]
     q_row = np.empty(0 if greedy else vocab, np.float32)
     exps, exps_total = -1, np.float32(1.0)  # the row whose exp(z) q_row holds, and its sum
+    own = np.empty((4, 1), np.float32)  # the statistics of a sampled row being read
     n = 0
     while n < drafts:
         x, row = ids[first + n], min(start + n, rows - 1)
-        _resolve(target, stats, argmax, row)
-        if x < 0 or x >= vocab or np.isnan(stats[2, row]):
-            break
         if greedy:
-            if x != argmax[row]:
+            _resolve(target, stats, argmax, row)
+            if x < 0 or x >= vocab or np.isnan(stats[2, row]) or x != argmax[row]:
                 break
         else:
-            if np.isnan(stats[3, row]):
-                exps_total = _exp_sum_into(target[row], stats[0, row], stats[1, row], q_row)
-                stats[3, row], exps = np.log(exps_total), row
-            s = stats[:, row]
-            q = np.float64(prob(target[row, x], s[0], s[1], s[2], s[3]))
+            total = _settle(target, stats, argmax, states, row, q_row, own)
+            if not np.isnan(total):
+                exps, exps_total = row, total
+            if x < 0 or x >= vocab or np.isnan(own[2, 0]):
+                break
+            q = np.float64(prob(target[row, x], own[0, 0], own[1, 0], own[2, 0], own[3, 0]))
             if not uniforms[b, n] * _draft_prob(draft, draft_stats, first + n, x) < q:
                 break
         n += 1
     row = min(start + n, rows - 1)
-    _resolve(target, stats, argmax, row)
-    final = argmax[row]
+    final = -1
     if layout[4, b] >= 0 and n == drafts:
         final = layout[4, b]
-    elif not greedy:
-        if exps == row:  # q = exp(z) / sum, the sum just taken
+    elif greedy:
+        _resolve(target, stats, argmax, row)
+        final = argmax[row]
+    else:
+        total = _settle(target, stats, argmax, states, row, q_row, own)
+        if not np.isnan(total):
+            exps, exps_total = row, total
+        computed = atomics.read(states, row) != _KNOWN  # by the kernel, with _exp_sum_into
+        if exps != row and computed and not np.isnan(own[2, 0]):
+            # by another thread: the same sum again, with each exp(z) kept here
+            exps, exps_total = row, _exp_sum_into(target[row], own[0, 0], own[1, 0], q_row)
+        if exps == row:  # q = exp(z) / sum, the sum its log-norm was taken of
             inverse = np.float32(1.0) / exps_total
             for i in range(vocab):
                 q_row[i] *= inverse
         else:
-            _fill_norm(target, stats, argmax, row)
-            _fill_probs(target[row], stats, row, q_row)
+            _fill_probs(target[row], own, 0, q_row)
         x = ids[first + n] if n < drafts else -1
         d_row = min(first + n, max(ids.shape[0] - 1, 0))
         u = uniforms[b, uniforms.shape[1] - 1]
@@ -267,6 +380,7 @@ def _verify_one(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layou
             p_row = np.empty(vocab, np.float32)
             _draft_row(draft, draft_stats, d_row, x, n < drafts, p_row)
             final = draw_residual(q_row, p_row, u)
+    atomics.publish(walked, b, 1)
     for j in range(n):
         token_ids[b, j] = ids[first + j]
     token_ids[b, n] = final
@@ -285,9 +399,9 @@ def chain_logits(
     uniforms: np.ndarray,
     token_ids: np.ndarray,
     num_accepted: np.ndarray,
+    threads: int,
 ) -> None:
-    """Verify a ragged batch on flattened logits into ``token_ids`` and ``num_accepted``,
-    sequences in parallel.
+    """Verify a ragged batch on flattened logits into ``token_ids`` and ``num_accepted``.
 
     - ``target``: ``[rows, vocab]`` float32 logits;
     - ``stats``: ``[4, rows]`` float32 shift, inverse temperature, cutoff and log-norm of each
@@ -301,11 +415,32 @@ def chain_logits(
       one-hot drafts;
     - ``uniforms``: ``[batch, max_drafts + 1]`` float64 (``[batch, 0]`` when every request is
       greedy);
-    - ``token_ids``: ``[batch, max_drafts + 1]`` int64, filled with -1 by the caller.
+    - ``token_ids``: ``[batch, max_drafts + 1]`` int64, filled with -1 by the caller;
+    - ``threads``: how many threads share the work (numba's, ``numba.get_num_threads()``).
+
+    Each thread takes the next sequence not yet taken until none is left (so a thread whose
+    sequences were short takes more of them), then computes the row statistics of sequences
+    other threads are still walking, ahead of them (so one sequence's walk uses two cores).
+    Which thread computes a row's statistics does not change them: the tokens do not depend
+    on the threads.
     """
-    for b in prange(layout.shape[1]):
-        _verify_one(target, stats, argmax, layout, ids, draft, draft_stats, uniforms, token_ids,
-                    num_accepted, b)  # fmt: skip
+    batch = layout.shape[1]
+    states = _row_states(stats, layout)
+    walked = np.zeros(batch, np.int64)
+    taken = np.zeros(1, np.int64)
+    for _ in prange(min(threads, batch + 1)):  # a helper even for one sequence
+        b = atomics.fetch_add(taken, 0, 1)
+        while b < batch:
+            _verify_one(target, stats, argmax, layout, ids, draft, draft_stats, uniforms,
+                        token_ids, num_accepted, states, walked, b)  # fmt: skip
+            b = atomics.fetch_add(taken, 0, 1)
+        _help(target, stats, argmax, layout, states, walked)
+
+
+def threads() -> int:
+    """How many threads numba's parallel kernels run on (the ``threads`` of
+    :func:`chain_logits`)."""
+    return int(numba.get_num_threads())
 
 
 chain_logits_serial = serial(chain_logits)
