@@ -150,6 +150,40 @@ def test_threads_sharing_the_walks_give_the_same_tokens(
     _assert_same(target, ids, counts, **kwargs)
 
 
+def test_a_row_another_thread_is_late_computing_is_computed_privately() -> None:
+    """A walking thread that finds its next row still taken by a thread that does not finish
+    it (here: taken, never published) computes the row's statistics itself, into its own
+    copy, without writing the shared ones: the values a thread that claimed it would compute,
+    for a row with a distribution and for one with a NaN."""
+    from specsample.native import logits as kernels
+    from specsample.native.jit import njit
+
+    @njit
+    def settle(
+        target: np.ndarray, stats: np.ndarray, states: np.ndarray, row: int, out: np.ndarray
+    ) -> tuple[np.float32, np.ndarray]:
+        own = np.empty((4, 1), np.float32)
+        argmax = np.zeros(target.shape[0], np.int64)
+        return kernels._settle(target, stats, argmax, states, row, out, own), own
+
+    target = (torch.randn(2, 3000, generator=torch.Generator().manual_seed(2)) * 3).numpy()
+    target[1, 17] = math.nan
+    lazy = np.array([[math.nan] * 2, [1 / 0.7] * 2, [-math.inf] * 2, [math.nan] * 2], np.float32)
+    for row in range(2):
+        claimed, shared = lazy.copy(), np.empty(3000, np.float32)
+        total, own = settle(target, claimed, np.zeros(2, np.int64), row, shared)
+        late, private = lazy.copy(), np.empty(3000, np.float32)
+        late_total, late_own = settle(target, late, np.ones(2, np.int64), row, private)
+        np.testing.assert_array_equal(late, lazy)
+        np.testing.assert_array_equal(late_own, own)
+        np.testing.assert_array_equal(late_own[:, 0], claimed[:, row])
+        np.testing.assert_array_equal([late_total], [total])
+        if row == 0:
+            np.testing.assert_array_equal(private, shared)
+        else:
+            assert math.isnan(total) and math.isnan(own[2, 0])
+
+
 def test_a_large_batch_of_short_rows_shares_its_sequences(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fifty thousand sampled sequences on the parallel kernel: the threads share them (each
     looks for rows to compute ahead only once it has none left), with PyTorch's tokens."""

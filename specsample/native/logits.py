@@ -132,9 +132,8 @@ def _fill_norm(logits: np.ndarray, stats: np.ndarray, argmax: np.ndarray, r: int
     distribution: its cutoff is not NaN), and first its shift and argmax where
     :func:`row_stats` left them (:func:`_resolve`)."""
     _resolve(logits, stats, argmax, r)
-    if np.isnan(stats[3, r]) and not np.isnan(stats[2, r]):
-        scratch = np.empty(logits.shape[1], np.float32)
-        stats[3, r] = np.log(_exp_sum_into(logits[r], stats[0, r], stats[1, r], scratch))
+    if np.isnan(stats[3, r]):
+        _log_norm(logits[r], stats, r, np.empty(logits.shape[1], np.float32))
 
 
 @njit(parallel=True)
