@@ -120,8 +120,8 @@ _NONE_LAZY = np.zeros(0, np.bool_)
 """No row left to the walk (the ``lazy`` of :func:`specsample.native.logits.row_stats`)."""
 
 _UNREAD = torch.tensor([[math.nan], [math.nan], [-math.inf], [math.nan]])
-"""The shift, (placeholder) inverse temperature, cutoff and log-norm of a row left to the walk,
-as :func:`specsample.native.logits.row_stats` writes them."""
+"""The shift, (placeholder) inverse temperature, cutoff and log-norm a row starts with, and a
+row left to the walk keeps (:func:`specsample.native.logits.row_stats` does not write it)."""
 
 
 def _filters(sampling: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,25 +185,21 @@ def _kernel_stats(
 
     rows = logits.shape[0]
     read = rows - int(lazy.sum()) if filters[0].shape[0] == 0 else rows
-    if read == 0:  # what the kernel would write: every row left to the walk
-        stats = _UNREAD.expand(4, rows).clone()
-        stats[1] = inv_temperature
-        argmax = torch.zeros(rows, dtype=torch.int64)
-        return RowStats(stats[1], stats[2], stats[3], argmax, stats[0]), np.zeros(rows, np.bool_)
-    kernel = (
-        kernels.row_stats
-        if read * logits.shape[1] >= _PARALLEL_ELEMENTS
-        else kernels.row_stats_serial
-    )
-    stats = torch.empty(4, rows)
+    stats = _UNREAD.expand(4, rows).clone()
     stats[1] = inv_temperature
-    argmax = torch.empty(rows, dtype=torch.int64)
+    argmax = torch.zeros(rows, dtype=torch.int64)
     undecided = np.zeros(rows, np.bool_)
-    top_k, limits = filters
-    kernel(
-        _dense(_float32(logits)), stats.numpy(), argmax.numpy(), norms, _dense(top_k),
-        _dense(limits), lazy, undecided,
-    )  # fmt: skip
+    if read:  # else every row is left to the walk: nothing for the kernel to write
+        kernel = (
+            kernels.row_stats
+            if read * logits.shape[1] >= _PARALLEL_ELEMENTS
+            else kernels.row_stats_serial
+        )
+        top_k, limits = filters
+        kernel(
+            _dense(_float32(logits)), stats.numpy(), argmax.numpy(), norms, _dense(top_k),
+            _dense(limits), lazy, undecided,
+        )  # fmt: skip
     return RowStats(stats[1], stats[2], stats[3], argmax, stats[0]), undecided
 
 

@@ -111,7 +111,6 @@ def _row_stats(logits: np.ndarray, stats: np.ndarray, argmax: np.ndarray, norms:
     row = logits[r]
     filtered = top_k.shape[0] and (top_k[r] > 0 or limits[0, r] < 1.0 or limits[1, r] > -np.inf)
     if not filtered and lazy.shape[0] and lazy[r]:
-        stats[0, r], stats[2, r], stats[3, r], argmax[r] = np.nan, -np.inf, np.nan, 0
         return
     maxima = np.empty(row.shape[0] // BLOCK if filtered else 0, np.float32)
     argmax[r] = _shift(row, stats, r, maxima)
@@ -154,10 +153,11 @@ def row_stats(
     logit), cutoff and log-norm into ``stats[0]``, ``stats[2]`` and ``stats[3]``, and the
     index of the first largest logit into ``argmax``, with the conventions of
     :func:`specsample.probs.row_stats` for a row without a distribution. Without ``norms``,
-    the log-norms of rows with a distribution and no filter are left NaN, and so are the
-    shifts of the rows without a filter that ``lazy`` ``[rows]`` (bool, or empty for none)
-    marks: :func:`chain_logits` computes those of the rows it reads (and
-    :func:`fill_norms` all of them), so a sampled row the walk never reaches is never read.
+    the log-norms of rows with a distribution and no filter are left NaN; the rows without a
+    filter that ``lazy`` ``[rows]`` (bool, or empty for none) marks are not written at all
+    (the caller gives them shift NaN, cutoff ``-inf``, log-norm NaN and argmax 0):
+    :func:`chain_logits` computes those of the rows it reads (and :func:`fill_norms` all of
+    them), so a sampled row the walk never reaches is never read.
 
     Filters: ``top_k`` ``[rows]`` int64 (0 off) and ``limits`` ``[2, rows]`` float32, the
     rows' ``top_p`` (1 off) and ``log(min_p)`` (``-inf`` off), or both empty when no row has
@@ -270,6 +270,18 @@ def _log_norm(values: np.ndarray, stats: np.ndarray, r: int, out: np.ndarray) ->
     return total
 
 
+@njit(inline="always")
+def _take(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, states: np.ndarray,
+          row: int, out: np.ndarray) -> np.float32:  # fmt: skip
+    """Compute the statistics of target row ``row`` if it is free (claimed first, published
+    after): the sum of ``exp(z)``, each then in ``out``; NaN where another thread has it."""
+    if atomics.read(states, row) != _FREE or not atomics.claim(states, row, _FREE, _TAKEN):
+        return np.float32(np.nan)
+    total = _norm_into(target, stats, argmax, row, out)
+    atomics.publish(states, row, _COMPUTED)
+    return total
+
+
 _PATIENCE = 4
 """Reads of a row's state per logit of the row that a thread makes while another computes the
 row, about the time the other needs for it, before computing it itself (the other is late:
@@ -284,10 +296,7 @@ def _settle(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, states: n
     (then wait for it, or compute them here without writing the shared ones if it is late).
     Returns the sum of ``exp(z)`` where computed here (each ``exp(z)`` then in ``out``), else
     NaN."""
-    total = np.float32(np.nan)
-    if atomics.read(states, row) == _FREE and atomics.claim(states, row, _FREE, _TAKEN):
-        total = _norm_into(target, stats, argmax, row, out)
-        atomics.publish(states, row, _COMPUTED)
+    total = _take(target, stats, argmax, states, row, out)
     reads = 0
     while atomics.read(states, row) == _TAKEN:
         reads += 1
@@ -308,16 +317,12 @@ def _help(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layout: np.
     while this one computes the next (were it to take the next free row, it would finish
     each just before the walking thread could claim it, and take them all in turn)."""
     rows, vocab = target.shape
-    scratch = np.empty(0, np.float32)
+    scratch = np.empty(vocab, np.float32)
     for b in range(layout.shape[1]):
         n = 1
         while n < _rows_read(layout, b) and atomics.read(walked, b) == 0:
             row = min(layout[2, b] + n, rows - 1)
-            if atomics.read(states, row) == _FREE and atomics.claim(states, row, _FREE, _TAKEN):
-                if scratch.shape[0] == 0:
-                    scratch = np.empty(vocab, np.float32)
-                _norm_into(target, stats, argmax, row, scratch)
-                atomics.publish(states, row, _COMPUTED)
+            _take(target, stats, argmax, states, row, scratch)
             n += 2
 
 
