@@ -93,6 +93,23 @@ def test_strided_rows_give_the_same_tokens() -> None:
     assert torch.equal(got.token_ids, expected.token_ids)
 
 
+def test_rows_with_spaced_elements_and_spaced_or_int32_layouts_give_the_same_tokens() -> None:
+    """Rows whose elements are not adjacent (taken from a copy), uniforms and bonus tokens
+    with row strides of their own, int32 drafts and bonus tokens (widened for the kernel)."""
+    q, p, ids, bonus, uniforms = _case(12, 3, 2500, torch.float32, seed=8)
+    spaced = torch.stack([q, torch.zeros_like(q)], dim=-1)[..., 0]
+    assert spaced.stride(-1) == 2
+    wide_uniforms = torch.cat([uniforms, torch.ones_like(uniforms)], dim=-1)[:, : uniforms.shape[1]]
+    wide_bonus = torch.cat([bonus, -bonus], dim=-1)[:, :1]
+    expected = chain_verify(q, p, ids, bonus, uniforms)
+    for got in (
+        cpu.fused_chain(spaced, p, ids, wide_bonus, wide_uniforms),
+        cpu.fused_chain(q, p, ids.to(torch.int32), bonus.to(torch.int32), uniforms),
+    ):
+        assert torch.equal(got.token_ids, expected.token_ids)
+        assert torch.equal(got.num_accepted, expected.num_accepted)
+
+
 def test_extreme_rows_give_the_same_tokens() -> None:
     """One-hot rows, a residual with no mass (``q == p``), zeros, NaN and infinities."""
     q, p, ids, bonus, uniforms = _case(8, 3, 1500, torch.float32, seed=2)

@@ -41,6 +41,9 @@ from specsample.rules.chain import chain_verify, check_rule_inputs
 from specsample.shared import ChainStep, PaddedRule, VerifyResult
 
 _FUSED_DTYPES = (torch.float32, torch.float64)
+_MARKERS = {torch.float32: np.float32(0), torch.float64: np.float64(0)}
+"""A scalar of each row dtype, which types the rows' memory in a kernel
+(:mod:`specsample.native.memory`)."""
 _PARALLEL_ELEMENTS = 1 << 17
 """Below this many elements of work (``batch * vocab`` for a rule, ``rows * vocab`` for row
 statistics), a kernel runs on the calling thread: waking the other threads would cost more
@@ -94,19 +97,21 @@ class FusedChainRule(PaddedRule):
         batch, k, vocab = target.shape
         parallel = batch > 1 and batch * vocab >= _PARALLEL_ELEMENTS
         chain_rule = chain.chain_rule if parallel else chain.chain_rule_serial
-        out = np.empty(batch * (k + 2), np.int64)  # both outputs in one allocation
-        token_ids, num_accepted = out[: batch * (k + 1)].reshape(batch, k + 1), out[-batch:]
+        target, draft, ids, bonus = _rows(target), _rows(draft), _int64(ids), _int64(bonus)
+        token_ids = torch.empty((batch, k + 1), dtype=torch.int64)
+        num_accepted = torch.empty(batch, dtype=torch.int64)
         chain_rule(
-            _view(target),
-            _view(draft),
-            _view(_int64(ids)),
-            _view(_int64(bonus)).reshape(batch),
-            _view(uniforms),
-            token_ids,
-            num_accepted,
+            memory(target),
+            memory(draft),
+            memory(ids),
+            (bonus.data_ptr(), bonus.stride(0)),
+            memory(uniforms),
+            (token_ids.data_ptr(), num_accepted.data_ptr()),
+            (batch, k, vocab),
             drawn,
+            _MARKERS[target.dtype],
         )
-        return VerifyResult(torch.from_numpy(token_ids), torch.from_numpy(num_accepted))
+        return VerifyResult(token_ids, num_accepted)
 
 
 fused_chain = FusedChainRule()
@@ -298,9 +303,23 @@ def _with_norms(step: LogitsStep) -> LogitsStep:
     return step._replace(plan=step.plan._replace(stats=full))
 
 
-def _view(tensor: torch.Tensor) -> np.ndarray:
-    """The NumPy view of a CPU tensor (no copy), any strides."""
-    return (tensor.detach() if tensor.requires_grad else tensor).numpy()
+def memory(tensor: torch.Tensor) -> tuple[int, ...]:
+    """``(address, *strides)`` of a CPU tensor, strides in elements: the tensor as the
+    kernels of :mod:`specsample.native.chain` take it (:mod:`specsample.native.memory`).
+
+    Examples
+    --------
+    >>> x = torch.zeros(2, 3)
+    >>> memory(x.t()) == (x.data_ptr(), 1, 3)
+    True
+    """
+    return (tensor.data_ptr(), *tensor.stride())
+
+
+def _rows(probs: torch.Tensor) -> torch.Tensor:
+    """``probs`` itself when its rows are contiguous (as the kernel reads them), else a
+    contiguous copy."""
+    return probs if probs.stride(-1) == 1 else probs.contiguous()
 
 
 def _int64(tensor: torch.Tensor) -> torch.Tensor:
@@ -311,17 +330,8 @@ def _int64(tensor: torch.Tensor) -> torch.Tensor:
 def _dense(tensor: torch.Tensor) -> np.ndarray:
     """The NumPy view of a CPU tensor, copied first unless contiguous (the logits kernels
     are compiled for contiguous arrays alone)."""
-    return _view(tensor if tensor.is_contiguous() else tensor.contiguous())
-
-
-def _contiguous(shape: tuple[int, ...], dtype: type, value: float = 0.0) -> np.ndarray:
-    """A contiguous array."""
-    return np.full(shape, value, dtype)
-
-
-def _strided(shape: tuple[int, ...], dtype: type, value: float = 0.0) -> np.ndarray:
-    """A non-contiguous array (every other element of its last axis)."""
-    return np.full((*shape[:-1], 2 * shape[-1]), value, dtype)[..., ::2]
+    dense = tensor if tensor.is_contiguous() else tensor.contiguous()
+    return (dense.detach() if dense.requires_grad else dense).numpy()
 
 
 def _warm_logits() -> None:
@@ -354,25 +364,20 @@ jit.on_warm_up(_warm_logits)
 
 
 def _warm() -> None:
-    """Compile the kernel per row dtype for contiguous arrays (numba's ``C`` layout, whose
-    loads vectorise) and for arrays of any strides (``A``), then freeze it: a call then
-    never starts a compilation (an array of another layout takes the ``A`` version)."""
+    """Compile the probabilities kernel per row dtype, then freeze it: a call then never
+    starts a compilation (every layout is the same addresses and strides to it)."""
     from specsample.native import chain
 
+    ids, bonus = torch.zeros(2, 1, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)
+    uniforms = torch.full((2, 2), 0.5, dtype=torch.float64)
+    out = (torch.empty(2, 2, dtype=torch.int64), torch.empty(2, dtype=torch.int64))
     for chain_rule in (chain.chain_rule, chain.chain_rule_serial):
-        for dtype in (np.float32, np.float64):
-            for make in (_strided, _contiguous):
-                rows = make((2, 1, 4), dtype, 0.25)
-                chain_rule(
-                    rows,
-                    rows,
-                    make((2, 1), np.int64),
-                    make((2,), np.int64),
-                    make((2, 2), np.float64, 0.5),
-                    make((2, 2), np.int64),
-                    make((2,), np.int64),
-                    False,
-                )
+        for dtype, marker in _MARKERS.items():
+            rows = torch.full((2, 1, 4), 0.25, dtype=dtype)
+            chain_rule(
+                memory(rows), memory(rows), memory(ids), memory(bonus), memory(uniforms),
+                (out[0].data_ptr(), out[1].data_ptr()), (2, 1, 4), False, marker,
+            )  # fmt: skip
         chain_rule.disable_compile()
 
 

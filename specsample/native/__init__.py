@@ -11,9 +11,13 @@
 * :mod:`~specsample.native.floats`: the float32 arithmetic they share (a vectorised
   exponential, ``z`` as PyTorch computes it, integer keys that order floats);
 * :mod:`~specsample.native.hashing`: the counter-based uniforms of :mod:`specsample.random`
-  (what :func:`specsample.random.counter_uniform` runs on CPU tensors).
+  (what :func:`specsample.random.counter_uniform` runs on CPU tensors);
+* :mod:`~specsample.native.memory`: a tensor's memory read and written through its address
+  and strides.
 
-The kernels take NumPy views of the tensors (no copy) and compute what the rules of
-:mod:`specsample.rules` compute, with the same arithmetic but for the exponential of the
-logits kernels, which rounds as its own (see :mod:`specsample.native.floats`).
+The kernels take the tensors without copying them: the chain rule on probabilities their
+addresses and strides (no NumPy view to build in a call that is latency-bound), the others
+NumPy views. They compute what the rules of :mod:`specsample.rules` compute, with the same
+arithmetic but for the exponential of the logits kernels, which rounds as its own (see
+:mod:`specsample.native.floats`).
 """

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from specsample.native.jit import njit, prange, serial
+from specsample.native.memory import load, row, store
 from specsample.shared import BLOCK
 
 SUB = 32
@@ -119,51 +120,59 @@ def draw_residual(q: np.ndarray, p: np.ndarray, u: float) -> int:
 
 
 @njit(inline="always")
-def _verify_one(target: np.ndarray, draft: np.ndarray, ids: np.ndarray, bonus: np.ndarray,
-                uniforms: np.ndarray, token_ids: np.ndarray, num_accepted: np.ndarray,
-                b: int, drawn: bool) -> None:  # fmt: skip
+def _verify_one(target: tuple, draft: tuple, ids: tuple, bonus: tuple, uniforms: tuple,
+                out: tuple, shape: tuple, b: int, drawn: bool, marker: float) -> None:  # fmt: skip
     """Verify sequence ``b`` (see :func:`chain_rule`)."""
-    k, vocab = target.shape[1], target.shape[2]
+    _, k, vocab = shape
     first, final = (1, 0) if drawn else (0, k)
+    at_q, at_p = b * target[1], b * draft[1]
     n = 0
     while n < k:
-        x = ids[b, n]
+        x = load(ids[0], b * ids[1] + n * ids[2], np.int64(0))
         if x < 0 or x >= vocab:
             break
-        u = uniforms[b, first + n]
-        if not u * np.float64(draft[b, n, x]) < np.float64(target[b, n, x]):
+        u = load(uniforms[0], b * uniforms[1] + (first + n) * uniforms[2], 0.0)
+        p_x = load(draft[0], at_p + n * draft[2] + x, marker)
+        if not u * np.float64(p_x) < np.float64(load(target[0], at_q + n * target[2] + x, marker)):
             break
         n += 1
+    tokens, at = out[0], b * (k + 1)
     for j in range(k + 1):
-        token_ids[b, j] = ids[b, j] if j < n else -1
-    num_accepted[b] = n
+        store(tokens, at + j, load(ids[0], b * ids[1] + j * ids[2], np.int64(0)) if j < n else -1)
+    store(out[1], b, np.int64(n))
     if n == k:
-        token_ids[b, k] = bonus[b]
+        store(tokens, at + k, load(bonus[0], b * bonus[1], np.int64(0)))
     else:
-        token_ids[b, n] = draw_residual(target[b, n], draft[b, n], uniforms[b, final])
+        q = row(target[0], at_q + n * target[2], vocab, marker)
+        p = row(draft[0], at_p + n * draft[2], vocab, marker)
+        u = load(uniforms[0], b * uniforms[1] + final * uniforms[2], 0.0)
+        store(tokens, at + n, np.int64(draw_residual(q, p, u)))
 
 
 @njit(parallel=True)
 def chain_rule(
-    target: np.ndarray,
-    draft: np.ndarray,
-    ids: np.ndarray,
-    bonus: np.ndarray,
-    uniforms: np.ndarray,
-    token_ids: np.ndarray,
-    num_accepted: np.ndarray,
+    target: tuple,
+    draft: tuple,
+    ids: tuple,
+    bonus: tuple,
+    uniforms: tuple,
+    out: tuple,
+    shape: tuple,
     drawn: bool,
+    marker: float,
 ) -> None:
-    """Verify ``[batch, k]`` drafts into ``token_ids [batch, k + 1]`` and ``num_accepted``,
-    sequences in parallel.
+    """Verify ``[batch, k]`` drafts, sequences in parallel; the tensors are given by their
+    memory (:mod:`specsample.native.memory`: an address and strides in elements).
 
-    ``target`` and ``draft`` are ``[batch, k, vocab]`` probabilities (any strides), ``ids``
-    int64 drafts, ``bonus`` ``[batch]`` int64, ``uniforms`` ``[batch, k + 1]`` float64: the
-    accept tests then the final draw, or with ``drawn`` the final draw first
-    (:func:`specsample.uniforms.drawn_uniforms`).
+    ``shape`` is ``(batch, k, vocab)``. ``target`` and ``draft`` are ``[batch, k, vocab]``
+    probabilities of ``marker``'s type (float32 or float64) whose rows are contiguous,
+    ``ids`` ``[batch, k]`` int64 drafts, ``bonus`` ``[batch]`` int64, ``uniforms``
+    ``[batch, k + 1]`` float64: the accept tests then the final draw, or with ``drawn`` the
+    final draw first (:func:`specsample.uniforms.drawn_uniforms`). ``out`` holds the addresses of
+    the outputs: contiguous int64 ``[batch, k + 1]`` tokens and ``[batch]`` accepted counts.
     """
-    for b in prange(target.shape[0]):
-        _verify_one(target, draft, ids, bonus, uniforms, token_ids, num_accepted, b, drawn)
+    for b in prange(shape[0]):
+        _verify_one(target, draft, ids, bonus, uniforms, out, shape, b, drawn, marker)
 
 
 chain_rule_serial = serial(chain_rule)

@@ -22,10 +22,10 @@ import types
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import torch
+import torch
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 _NUMBA = importlib.util.find_spec("numba") is not None
 _done = threading.Event()
@@ -183,11 +183,8 @@ def runs_on(tensor: torch.Tensor) -> bool:
     >>> runs_on(torch.zeros(1)) == available()
     True
     """
-    import torch
-    from torch.utils._python_dispatch import is_in_torch_dispatch_mode
-
     return (
-        tensor.device.type == "cpu"
+        tensor.is_cpu
         and not torch.compiler.is_compiling()
         and not is_in_torch_dispatch_mode()
         and ready()
