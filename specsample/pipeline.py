@@ -28,7 +28,7 @@ from specsample.plan import LogitsStep, Plan, TreeStep
 from specsample.probs import RowStats
 from specsample.random import Seeding
 from specsample.shared import ChainStep, TreeVerifyResult, VerifyResult
-from specsample.uniforms import drawn_uniforms, step_uniforms
+from specsample.uniforms import drawn_uniforms
 
 
 def target_stats(
@@ -76,11 +76,11 @@ def plan_logits(
     device = target_logits.device
     if uniforms is not None:
         uniforms = check_step_uniforms(uniforms, layout.batch, layout.max_drafts + 1, device)
-        if sampling.all_greedy:
-            uniforms = None
-    elif not sampling.all_greedy:
-        uniforms = step_uniforms(requests.seeding, layout.max_drafts, device, requests.positions)
-    return Plan(layout, stats, sampling.greedy, uniforms)
+        return Plan(layout, stats, sampling.greedy, None if sampling.all_greedy else uniforms)
+    if sampling.all_greedy:
+        return Plan(layout, stats, sampling.greedy, None)
+    drawn = drawn_uniforms(requests.seeding, layout.max_drafts, device, requests.positions)
+    return Plan(layout, stats, sampling.greedy, drawn, drawn=True)
 
 
 def run_logits(step: LogitsStep, *, backend: str) -> tuple[torch.Tensor, torch.Tensor]:

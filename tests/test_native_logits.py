@@ -29,6 +29,7 @@ from specsample.backends import cpu, eager
 from specsample.metadata import SamplingMetadata
 from specsample.native import jit
 from specsample.testing import exactness_report
+from specsample.uniforms import in_step_order
 from tests.test_logits_exactness import (
     _assert_positions,
     _family,
@@ -108,6 +109,30 @@ def test_same_tokens_as_the_pytorch_backend(draft_kind: str) -> None:
     for seed in range(40):
         target, ids, counts, kwargs = _case(seed, draft_kind)
         _assert_same(target, ids, counts, **kwargs)
+
+
+@pytest.mark.parametrize("draft_kind", ["none", "probs32", "logits"])
+def test_uniforms_drawn_by_the_step_are_read_in_the_order_drawn(draft_kind: str) -> None:
+    """A step draws its uniforms final draw first, and the kernel reads them so: the same
+    tokens as PyTorch's code (which puts them in step order first) and as the same numbers
+    given in step order."""
+    for seed in range(12):
+        target, ids, counts, kwargs = _case(seed, draft_kind)
+        del kwargs["uniforms"]
+        drawn = torch.rand(
+            len(counts), max(counts) + 1, dtype=torch.float64,
+            generator=torch.Generator().manual_seed(seed),
+        )  # fmt: skip
+        expected = verify(
+            target, ids, counts, backend="cpu", uniforms=in_step_order(drawn), **kwargs
+        )
+        for backend in ("cpu", "torch"):
+            got = verify(
+                target, ids, counts, backend=backend,
+                generator=torch.Generator().manual_seed(seed), **kwargs,
+            )  # fmt: skip
+            assert torch.equal(got.token_ids, expected.token_ids)
+            assert torch.equal(got.num_accepted, expected.num_accepted)
 
 
 @pytest.mark.parametrize("draft_kind", ["none", "probs32", "logits"])

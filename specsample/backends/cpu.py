@@ -167,6 +167,8 @@ def row_stats(
     if not _fused_logits(logits):
         return eager.row_stats(logits, sampling, need_norm=need_norm)
     filters = _filters(sampling) if need_norm or not sampling.all_greedy else _NO_FILTER
+    if not (need_norm or sampling.any_greedy) and filters is _NO_FILTER:
+        return _unread(logits.shape[0], sampling.inv_temperature)[0]  # all left to the walk
     lazy = _NONE_LAZY if need_norm or sampling.all_greedy else ~sampling.greedy.numpy()
     stats, undecided = _kernel_stats(logits, sampling.inv_temperature, filters, need_norm, lazy)
     if undecided.any():
@@ -190,9 +192,7 @@ def _kernel_stats(
 
     rows = logits.shape[0]
     read = rows - int(lazy.sum()) if filters[0].shape[0] == 0 else rows
-    stats = _UNREAD.expand(4, rows).clone()
-    stats[1] = inv_temperature
-    argmax = torch.zeros(rows, dtype=torch.int64)
+    result, stats = _unread(rows, inv_temperature)
     undecided = np.zeros(rows, np.bool_)
     if read:  # else every row is left to the walk: nothing for the kernel to write
         kernel = (
@@ -202,10 +202,20 @@ def _kernel_stats(
         )
         top_k, limits = filters
         kernel(
-            _dense(_float32(logits)), stats.numpy(), argmax.numpy(), norms, _dense(top_k),
+            _dense(_float32(logits)), stats.numpy(), result.argmax.numpy(), norms, _dense(top_k),
             _dense(limits), lazy, undecided,
         )  # fmt: skip
-    return RowStats(stats[1], stats[2], stats[3], argmax, stats[0]), undecided
+    return result, undecided
+
+
+def _unread(rows: int, inv_temperature: torch.Tensor | float) -> tuple[RowStats, torch.Tensor]:
+    """The statistics of ``rows`` rows none of which is read yet (:data:`_UNREAD`, argmax 0),
+    and the ``[4, rows]`` tensor that holds all but their argmaxes."""
+    stats = _UNREAD.expand(4, rows).clone()
+    stats[1] = inv_temperature
+    return RowStats(
+        stats[1], stats[2], stats[3], torch.zeros(rows, dtype=torch.int64), stats[0]
+    ), stats
 
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -255,7 +265,7 @@ def _draft_rows(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor] | None:
 def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`specsample.backends.eager.verify_logits`, by the kernel for a chain step on
     float32 CPU rows (the PyTorch code otherwise): the same tokens on the same uniforms."""
-    layout, stats, greedy, uniforms = step.plan
+    layout, stats, greedy, uniforms, drawn = step.plan
     fused = step.method == "chain" and _fused_logits(step.target_logits)
     draft = _draft_rows(step) if fused else None
     if draft is None:
@@ -282,6 +292,7 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
         _dense(draft[0]),
         _dense(draft[1]),
         _dense(uniforms),
+        drawn,
         token_ids.numpy(),
         num_accepted.numpy(),
         kernels.threads() if parallel else 1,
@@ -355,7 +366,7 @@ def _warm_logits() -> None:
         for draft in (np.zeros((1, 4), np.float32), np.zeros((1, 4), np.float64)):
             chain(
                 logits, stats, argmax, layout, np.zeros(1, np.int64), draft, stats,
-                np.full((1, 2), 0.5), np.zeros((1, 2), np.int64), np.zeros(1, np.int64), 2,
+                np.full((1, 2), 0.5), False, np.zeros((1, 2), np.int64), np.zeros(1, np.int64), 2,
             )  # fmt: skip
         chain.disable_compile()
 

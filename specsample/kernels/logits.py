@@ -72,7 +72,7 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     (tensor([[1, 0]]), tensor([1]))
     """
     target_logits, draft_token_ids, plan, method, draft_probs, draft_logits, bonus_token_ids = step
-    layout, stats, greedy, uniforms = plan
+    layout, stats, greedy, uniforms = plan.layout, plan.stats, plan.greedy, plan.step_uniforms()
     check_method(method, KERNEL_METHODS)
     if draft_probs is not None and draft_logits is not None:
         raise ValueError("pass draft_probs or draft_logits, not both")

@@ -329,10 +329,12 @@ def _help(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layout: np.
 @njit
 def _verify_one(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layout: np.ndarray,
                 ids: np.ndarray, draft: np.ndarray, draft_stats: np.ndarray,
-                uniforms: np.ndarray, token_ids: np.ndarray, num_accepted: np.ndarray,
-                states: np.ndarray, walked: np.ndarray, b: int) -> None:  # fmt: skip
+                uniforms: np.ndarray, drawn: bool, token_ids: np.ndarray,
+                num_accepted: np.ndarray, states: np.ndarray, walked: np.ndarray, b: int
+                ) -> None:  # fmt: skip
     """Verify sequence ``b`` (see :func:`chain_logits`)."""
     rows, vocab = target.shape
+    tests, final_column = (1, 0) if drawn else (0, uniforms.shape[1] - 1)
     drafts, first, start, greedy = layout[0, b], layout[1, b], layout[2, b], layout[3, b]
     q_row = np.empty(0 if greedy else vocab, np.float32)
     exps, exps_total = -1, np.float32(1.0)  # the row whose exp(z) q_row holds, and its sum
@@ -351,7 +353,7 @@ def _verify_one(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layou
             if x < 0 or x >= vocab or np.isnan(own[2, 0]):
                 break
             q = np.float64(prob(target[row, x], own[0, 0], own[1, 0], own[2, 0], own[3, 0]))
-            if not uniforms[b, n] * _draft_prob(draft, draft_stats, first + n, x) < q:
+            if not uniforms[b, tests + n] * _draft_prob(draft, draft_stats, first + n, x) < q:
                 break
         n += 1
     row = min(start + n, rows - 1)
@@ -377,7 +379,7 @@ def _verify_one(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layou
             _fill_probs(target[row], own, 0, q_row)
         x = ids[first + n] if n < drafts else -1
         d_row = min(first + n, max(ids.shape[0] - 1, 0))
-        u = uniforms[b, uniforms.shape[1] - 1]
+        u = uniforms[b, final_column]
         if n < drafts and draft.shape[0] and draft_stats.shape[1] == 0 and draft.itemsize == 4:
             final = draw_residual(q_row, draft[d_row], u)  # float32 probabilities, as given
         else:
@@ -401,6 +403,7 @@ def chain_logits(
     draft: np.ndarray,
     draft_stats: np.ndarray,
     uniforms: np.ndarray,
+    drawn: bool,
     token_ids: np.ndarray,
     num_accepted: np.ndarray,
     threads: int,
@@ -418,7 +421,8 @@ def chain_logits(
       ``draft_stats`` ``[4, total_drafts]`` (``[4, 0]`` with probabilities); ``[0, 0]`` for
       one-hot drafts;
     - ``uniforms``: ``[batch, max_drafts + 1]`` float64 (``[batch, 0]`` when every request is
-      greedy);
+      greedy): the accept tests, then the final draw, or with ``drawn`` the final draw first
+      (:func:`specsample.uniforms.drawn_uniforms`);
     - ``token_ids``: ``[batch, max_drafts + 1]`` int64, filled with -1 by the caller;
     - ``threads``: how many threads share the work (numba's, ``numba.get_num_threads()``).
 
@@ -435,7 +439,7 @@ def chain_logits(
     for _ in prange(min(threads, batch + 1)):  # a helper even for one sequence
         b = atomics.fetch_add(taken, 0, 1)
         while b < batch:
-            _verify_one(target, stats, argmax, layout, ids, draft, draft_stats, uniforms,
+            _verify_one(target, stats, argmax, layout, ids, draft, draft_stats, uniforms, drawn,
                         token_ids, num_accepted, states, walked, b)  # fmt: skip
             b = atomics.fetch_add(taken, 0, 1)
         _help(target, stats, argmax, layout, states, walked)
