@@ -42,8 +42,9 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     step : LogitsStep
         The target rows (``[total_drafts + batch, vocab]``, or the draft rows only with
         bonus tokens, then no row past a request's drafts is read), the drafts, the plan
-        (:class:`specsample.plan.Plan`: layout, row statistics, greedy requests, uniforms
-        from :func:`specsample.uniforms.step_uniforms`), the rule and the bonus tokens.
+        (:class:`specsample.plan.Plan`: layout, row statistics, greedy requests, uniforms,
+        read in step order, :meth:`~specsample.plan.Plan.step_uniforms`), the rule and the
+        bonus tokens.
 
     Returns
     -------
