@@ -40,10 +40,9 @@ from specsample.probs import RowStats
 from specsample.rules.chain import chain_verify, check_rule_inputs
 from specsample.shared import ChainStep, PaddedRule, VerifyResult
 
-_FUSED_DTYPES = (torch.float32, torch.float64)
 _MARKERS = {torch.float32: np.float32(0), torch.float64: np.float64(0)}
-"""A scalar of each row dtype, which types the rows' memory in a kernel
-(:mod:`specsample.native.memory`)."""
+"""The probability dtypes the kernels take, each with a scalar of its type, which types the
+rows' memory in a kernel (:mod:`specsample.native.memory`)."""
 _PARALLEL_ELEMENTS = 1 << 17
 """Below this many elements of work (``batch * vocab`` for a rule, ``rows * vocab`` for row
 statistics), a kernel runs on the calling thread: waking the other threads would cost more
@@ -53,7 +52,7 @@ than they save."""
 def _fused(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> bool:
     """Whether the kernel takes these rows now (else the PyTorch rule runs)."""
     return (
-        target_probs.dtype in _FUSED_DTYPES
+        target_probs.dtype in _MARKERS
         and draft_probs.dtype == target_probs.dtype
         and target_probs.shape[1] > 0
         and target_probs.shape[0] > 0
@@ -258,7 +257,7 @@ def _draft_rows(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor] | None:
         return rows, _stacked(_kernel_stats(rows, 1.0, _NO_FILTER, False, lazy)[0])
     if step.draft_probs is not None and step.draft_probs.shape[0]:
         rows = step.draft_probs
-        return (rows, none) if rows.dtype in _FUSED_DTYPES else None
+        return (rows, none) if rows.dtype in _MARKERS else None
     return torch.empty(0, 0), none
 
 

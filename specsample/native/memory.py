@@ -22,6 +22,12 @@ from numba.extending import intrinsic
 from specsample.native.jit import njit
 
 
+def _element(context, builder, pointer, address, offset):  # type: ignore[no-untyped-def]
+    """LLVM's pointer of type ``pointer`` to the element ``offset`` past ``address``."""
+    base = builder.inttoptr(address, context.get_value_type(pointer))
+    return builder.gep(base, [offset])
+
+
 @intrinsic
 def _pointer(typingctx, address, offset, marker):  # type: ignore[no-untyped-def]
     """``address`` as a pointer to ``marker``'s type, advanced by ``offset`` elements."""
@@ -29,8 +35,7 @@ def _pointer(typingctx, address, offset, marker):  # type: ignore[no-untyped-def
     signature = pointer(types.int64, types.int64, marker)
 
     def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        base = builder.inttoptr(args[0], context.get_value_type(pointer))
-        return builder.gep(base, [args[1]])
+        return _element(context, builder, pointer, args[0], args[1])
 
     return signature, codegen
 
@@ -42,8 +47,7 @@ def _store(typingctx, address, offset, value):  # type: ignore[no-untyped-def]
     signature = types.void(types.int64, types.int64, value)
 
     def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        base = builder.inttoptr(args[0], context.get_value_type(pointer))
-        builder.store(args[2], builder.gep(base, [args[1]]))
+        builder.store(args[2], _element(context, builder, pointer, args[0], args[1]))
         return context.get_dummy_value()
 
     return signature, codegen
