@@ -13,8 +13,9 @@ full distribution, no top-k, top-p or min-p cut). The contestants:
   as its draft model, proposing ``N`` tokens a step for every ``N`` of ``--lookup``. Its
   verification keeps a draft only where the target's own sample equals it (at T > 0 too);
 * ``ours target``: :func:`~specsample.generate.target_generate` on the model
-  :func:`specsample.adapter.load_model` makes of the file (its 4-bit weights kept as int4
-  by default, or as ``--quantize`` says);
+  :func:`specsample.adapter.load_model` makes of the file (by default its own 4-bit and
+  ``Q8_0`` weights kept, applied by integer dot products on a CPU with AVX512-VNNI; or as
+  ``--quantize`` says);
 * ``ours adaptive (n-gram)``: :func:`~specsample.generate.speculative_generate` with
   :class:`~specsample.generate.NGramDrafter` drafts, an adaptive number of at most ``-k``.
 
@@ -61,7 +62,8 @@ a directory and ``pip install`` the wheel from there.
 
 ``--quantize MODE`` loads our side with :func:`specsample.adapter.load_model`'s
 ``quantize=MODE``, as ``specsample generate --quantize`` does: by default ``auto``, which
-keeps the file's own 4-bit weights as int4 (:mod:`specsample.adapter.quantize`); ``none``
+keeps the file's own 4-bit weights (as int4a8 where the CPU has AVX512-VNNI, else int4) and
+a ``Q8_0`` LM head (as int8a8 there) (:mod:`specsample.adapter.weight_formats`); ``none``
 runs on the dequantized float32 weights.
 
 The default run (``--threads 1``: 8 prompts x 128 new tokens, temperatures 0 and 1, lookup
@@ -206,7 +208,7 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=MODES,
         default="auto",
         help="weights of our side's linear layers, as specsample generate's --quantize "
-        "(default %(default)s: the file's 4-bit weights kept as int4; none: float32)",
+        "(default %(default)s: the file's own quantization kept; none: float32)",
     )
     args = parser.parse_args(argv)
     if args.prompts > len(PROMPTS):

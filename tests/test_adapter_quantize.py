@@ -1,19 +1,22 @@
 """Weight-only quantized linear layers (:mod:`specsample.adapter.quantize`) and the loop on them.
 
-Each format (bfloat16, int8, int4) applies ``bf16(bf16(x) @ W^T)`` with ``W`` its own
-dequantized weight, bit for bit the same for a row alone or among others, and joined
+Each format of PyTorch's products (bfloat16, int8, int4) applies ``bf16(bf16(x) @ W^T)``
+with ``W`` its own dequantized weight; each of integer dot products (int4a8, int8a8)
+applies ``W`` to the input with each group of 32 quantized to int8 (float32 scales kept
+exactly). Every format is bit for bit the same for a row alone or among others, and joined
 weights give each part's outputs bit for bit; quantizing from float stays within half a
 step (plus bfloat16's rounding of the scales). GGUF's ``Q4_0``, ``Q4_1`` and ``Q4_K``
 blocks, built here from random bytes, are read as the file's own integers with a scale and
 an offset per group of 32 that give the values :func:`~specsample.adapter.gguf_quants.
 dequantize` gives (float32 rounding apart); held as int4, only bfloat16's rounding of the
 scales and offsets separates them. A tiny GGUF file loads with its 4-bit tensors as int4
-(query and key rows in the model's order), and ``specsample generate`` keeps them so by
-default (``--quantize``). On quantized models the fused forward gives the model's own
-logits, and with int4 or int8 weights a block of rows gives bit for bit the logits of its
-rows fed one at a time; greedy speculative decoding gives target-only decoding's tokens
-(the shipped pair, int4), and sampled tokens follow the quantized target's law
-(chi-square, as ``tests/test_generate.py`` tests the float models).
+(query and key rows in the model's order; as int4a8 and the ``Q8_0`` head as int8a8 where
+those are faster), and ``specsample generate`` keeps them so by default (``--quantize``).
+On quantized models the fused forward gives the model's own logits, and with int4, int8,
+int4a8 or int8a8 weights a block of rows gives bit for bit the logits of its rows fed one
+at a time; greedy speculative decoding gives target-only decoding's tokens (the shipped
+pair, int4 and int4a8), and sampled tokens follow the quantized target's law (chi-square,
+as ``tests/test_generate.py`` tests the float models, int4 and int4a8).
 """
 
 from __future__ import annotations
@@ -42,8 +45,12 @@ from specsample.adapter.quantize import (  # noqa: E402
 from specsample.adapter.weight_formats import (  # noqa: E402
     FORMATS,
     BFloat16Weight,
+    Int4Int8Weight,
     Int4Weight,
+    Int8Int8Weight,
     Int8Weight,
+    affine_groups,
+    dot_products,
     quantize_weight,
 )
 from specsample.generate import (  # noqa: E402
@@ -52,6 +59,7 @@ from specsample.generate import (  # noqa: E402
     speculative_generate,
     target_generate,
 )
+from specsample.native import jit  # noqa: E402
 from tests.tiny_llama import make_pair  # noqa: E402
 
 BF16_STEP = 2.0**-8
@@ -67,7 +75,19 @@ def _input(rows: int, columns: int, seed: int = 1) -> torch.Tensor:
     return torch.randn(rows, columns, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("format", FORMATS)
+TORCH_FORMATS = ("bfloat16", "int8", "int4")
+"""The formats applied by PyTorch's products (bfloat16 in and out)."""
+
+DOT_FORMATS = tuple(f for f in FORMATS if f not in TORCH_FORMATS)
+"""The formats of integer dot products (:mod:`specsample.native.dots`; float32 in and out)."""
+
+needs_numba = pytest.mark.skipif(not jit.available(), reason="the dot-product formats need numba")
+
+ALL_FORMATS = [*TORCH_FORMATS, *(pytest.param(f, marks=needs_numba) for f in DOT_FORMATS)]
+"""Every format, those of dot products skipped without numba."""
+
+
+@pytest.mark.parametrize("format", TORCH_FORMATS)
 def test_product_is_the_bfloat16_product_of_its_own_weight(format: str) -> None:
     weight = quantize_weight(_weight(72, 96), format)
     x = _input(5, 96)
@@ -78,7 +98,41 @@ def test_product_is_the_bfloat16_product_of_its_own_weight(format: str) -> None:
     assert bool((error <= BF16_STEP * exact.abs() + 1e-6 * exact.abs().max()).all())
 
 
-@pytest.mark.parametrize("format", FORMATS)
+@needs_numba
+@pytest.mark.parametrize("format", DOT_FORMATS)
+def test_dot_product_formats_quantize_each_group_of_inputs_to_int8(format: str) -> None:
+    weight = quantize_weight(_weight(72, 96), format)
+    x = _input(5, 96)
+    got = weight(x)
+    assert got.dtype == torch.float32 and got.shape == (5, 72)
+    groups = x.double().reshape(5, 3, 32)
+    steps = groups.abs().amax(dim=-1, keepdim=True) / 127
+    quantized = (torch.round(groups / steps) * steps).reshape(5, 96)
+    exact = quantized @ weight.dequantize().double().T
+    assert float((got.double() - exact).abs().max()) <= 1e-5 * float(exact.abs().max())
+    plain = x.double() @ weight.dequantize().double().T
+    assert float((got.double() - plain).abs().max()) <= 0.02 * float(plain.abs().max())
+
+
+@needs_numba
+def test_dot_product_formats_keep_float32_scales() -> None:
+    w = _weight(32, 64)
+    q, scales, offsets = affine_groups(w, 32, torch.float32)
+    weight = Int4Int8Weight(q, scales, offsets)
+    assert torch.equal(weight.integers(), q)
+    kept_scales, kept_offsets = weight.scales_and_offsets()
+    assert torch.equal(kept_scales, scales) and torch.equal(kept_offsets, offsets)
+    assert float((weight.dequantize() - w).abs().max()) <= float(scales.max()) / 2 + 1e-7
+    eights = Int8Int8Weight.from_float(w)
+    step = w.abs().reshape(32, 2, 32).amax(dim=-1) / 127
+    assert (
+        float((eights.dequantize() - w).abs().reshape(32, 2, 32).amax(-1).sub(step / 2).max())
+        <= 1e-7
+    )
+    assert eights.nbytes == 32 * 64 + 32 * 2 * 4 and weight.nbytes == 32 * 32 + 2 * 32 * 2 * 4
+
+
+@pytest.mark.parametrize("format", ALL_FORMATS)
 def test_rows_alone_or_together_give_the_same_bits(format: str) -> None:
     weight = quantize_weight(_weight(80, 64), format)
     x = _input(9, 64)
@@ -88,7 +142,7 @@ def test_rows_alone_or_together_give_the_same_bits(format: str) -> None:
     assert torch.equal(weight(x.reshape(3, 3, 64)), alone.reshape(3, 3, 80))
 
 
-@pytest.mark.parametrize("format", FORMATS)
+@pytest.mark.parametrize("format", ALL_FORMATS)
 @pytest.mark.parametrize("sizes", [(48, 64, 16), (64, 128, 40)])
 def test_joined_weights_give_each_part_bit_for_bit(format: str, sizes: tuple[int, ...]) -> None:
     parts = [quantize_weight(_weight(n, 64, seed), format) for seed, n in enumerate(sizes)]
@@ -152,6 +206,11 @@ def test_shapes_the_kernels_do_not_take_are_refused() -> None:
         Int4Weight(torch.full((16, 32), 16), torch.ones(16, 1), torch.zeros(16, 1))
     with pytest.raises(ValueError, match="format must be one of"):
         quantize_weight(torch.zeros(2, 32), "int2")
+    if jit.available():
+        with pytest.raises(ValueError, match="in_features must be a multiple of 32"):
+            Int8Int8Weight(torch.zeros(16, 48, dtype=torch.int8), torch.ones(16, 1))
+        with pytest.raises(ValueError, match="group must be a multiple of 32"):
+            Int4Int8Weight.from_float(torch.zeros(16, 48))
     with pytest.raises(ValueError, match="quantize must be one of"):
         adapter.load_model("no such model", quantize="int3")
 
@@ -219,11 +278,19 @@ def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_gguf(folder / "tiny.gguf", tiny_llama(tied=True), default_tokenizer_dir(), kind)
 
 
-@pytest.mark.parametrize("mode", ["auto", "int4"])
+def _from_file(mode: str) -> dict[str, int]:
+    """The formats a tiny GGUF file's layers load in under ``mode``."""
+    if mode == "auto" and dot_products():
+        return {"int4a8": 14, "int8a8": 1}
+    return {"int4" if mode == "auto" else mode: 14, "bfloat16": 1}
+
+
+@pytest.mark.parametrize("mode", ["auto", "int4", pytest.param("int4a8", marks=needs_numba)])
 def test_gguf_4bit_tensors_load_as_int4_from_their_blocks(gguf_file: Path, mode: str) -> None:
     dense = adapter.load_model(gguf_file)
     model = adapter.load_model(gguf_file, quantize=mode)
-    assert quantized_layers(model) == {"int4": 14, "bfloat16": 1}
+    formats = _from_file(mode)
+    assert quantized_layers(model) == formats
     dense_modules = dict(dense.named_modules())
     for name, module in model.named_modules():
         if not isinstance(module, QuantizedLinear):
@@ -236,7 +303,8 @@ def test_gguf_4bit_tensors_load_as_int4_from_their_blocks(gguf_file: Path, mode:
         ours, theirs = model(input_ids=ids).logits, dense(input_ids=ids).logits
     assert float((ours - theirs).abs().max()) <= 0.05 * (1 + float(theirs.abs().max()))
     description = adapter.describe_model(model, adapter.model_source(gguf_file))
-    assert "bfloat16 x1, int4 x14" in description and "dequantized" not in description
+    listed = ", ".join(f"{format} x{count}" for format, count in sorted(formats.items()))
+    assert listed in description and "dequantized" not in description
 
 
 def test_generate_command_keeps_the_files_quantization(gguf_file: Path, capsys: Any) -> None:
@@ -244,7 +312,8 @@ def test_generate_command_keeps_the_files_quantization(gguf_file: Path, capsys: 
 
     argv = ["generate", "Hello", "--target", str(gguf_file), "--ngram", "--max-new-tokens", "4"]
     assert main(argv) == 0
-    assert "int4 x14" in capsys.readouterr().err
+    four_bit = next(f for f, count in _from_file("auto").items() if count == 14)
+    assert f"{four_bit} x14" in capsys.readouterr().err
     assert main([*argv, "--quantize", "none"]) == 0
     assert "dequantized to float32" in capsys.readouterr().err
     assert main([*argv, "--quantize", "int2"]) == 2
@@ -256,7 +325,7 @@ def _quantized_pair(format: str) -> tuple[Any, Any]:
     return quantize_model(target, format), quantize_model(draft, format)
 
 
-@pytest.mark.parametrize("format", FORMATS)
+@pytest.mark.parametrize("format", ALL_FORMATS)
 def test_fused_forward_gives_the_quantized_models_own_logits(format: str) -> None:
     target, _ = _quantized_pair(format)
     fused, plain = CachedLM(target), CachedLM(target, fused=False)
@@ -275,7 +344,7 @@ def test_fused_forward_gives_the_quantized_models_own_logits(format: str) -> Non
     assert float((logits[0] - logits[1]).abs().max()) <= 1e-2 * scale
 
 
-@pytest.mark.parametrize("format", ["int4", "int8"])
+@pytest.mark.parametrize("format", ["int4", "int8", *ALL_FORMATS[3:]])
 def test_a_block_gives_the_logits_of_its_rows_fed_one_at_a_time(format: str) -> None:
     target, _ = _quantized_pair(format)
     lm = CachedLM(target)
@@ -292,20 +361,25 @@ def test_a_block_gives_the_logits_of_its_rows_fed_one_at_a_time(format: str) -> 
     assert torch.equal(block, torch.cat(alone, dim=1))
 
 
-@pytest.fixture(scope="module")
-def default_int4() -> tuple[Any, Any]:
+@pytest.fixture(scope="module", params=["int4", pytest.param("int4a8", marks=needs_numba)])
+def default_int4(request: pytest.FixtureRequest) -> tuple[Any, Any, str]:
     pair = adapter.default_pair()
     if pair is None:
         pytest.fail("the default model pair is not installed")
     target, draft = pair
-    return adapter.load_model(target, quantize="int4"), adapter.load_model(draft, quantize="int4")
+    mode = request.param
+    return (
+        adapter.load_model(target, quantize=mode),
+        adapter.load_model(draft, quantize=mode),
+        mode,
+    )
 
 
 def test_greedy_speculative_equals_target_only_on_the_int4_default_pair(
-    default_int4: tuple[Any, Any],
+    default_int4: tuple[Any, Any, str],
 ) -> None:
-    target, draft = default_int4
-    assert quantized_layers(target)["int4"] > 0 and quantized_layers(draft)["int4"] > 0
+    target, draft, mode = default_int4
+    assert quantized_layers(target)[mode] > 0 and quantized_layers(draft)[mode] > 0
     prompts = [[1, 2, 3, 4, 5, 6, 7, 8], [100, 37, 2024, 5, 5, 61], [3000, 17]]
     common: dict[str, Any] = {"max_new_tokens": 40, "eos_token_id": None, "max_batch_size": 1}
     alone = target_generate(target, prompts, **common).sequences
@@ -316,15 +390,17 @@ def test_greedy_speculative_equals_target_only_on_the_int4_default_pair(
 
 
 QUANTIZED_ROWS = 20_000
-"""Sampled sequences of the chi-square test on the int4 pair: half of ``tests/
-test_generate.py``'s, so at its level (1e-5) a two-token joint off by a total variation of
-0.047 is detected with probability 99% (:func:`specsample.testing.chisquare.detectable_tv`,
-225 cells)."""
+"""Sampled sequences of each chi-square test on an int4 pair: half of ``tests/
+test_generate.py``'s, so at its level (1e-5, so 2e-5 for the two formats) a two-token joint
+off by a total variation of 0.047 is detected with probability 99%
+(:func:`specsample.testing.chisquare.detectable_tv`, 225 cells)."""
 
 
-def test_sampled_tokens_follow_the_quantized_target() -> None:
+@pytest.mark.parametrize("format", ["int4", pytest.param("int4a8", marks=needs_numba)])
+def test_sampled_tokens_follow_the_quantized_target(format: str) -> None:
     """The chi-square test of ``tests/test_generate.py`` (its draft-chain case) on an int4
-    pair: the first two tokens against the quantized target's own two-token joint."""
+    pair (PyTorch's product, and integer dot products): the first two tokens against the
+    quantized target's own two-token joint."""
     from tests.test_generate import (
         JOINT_ALPHA,
         JOINT_BATCH,
@@ -333,7 +409,7 @@ def test_sampled_tokens_follow_the_quantized_target() -> None:
         exact_joint,
     )
 
-    target, draft = _quantized_pair("int4")
+    target, draft = _quantized_pair(format)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = speculative_generate(

@@ -38,10 +38,20 @@ from specsample.adapter.gguf_quants import (
     INT4_KINDS,
     dequantize,
     int4_groups,
+    int8_groups,
     tensor_bytes,
 )
 from specsample.adapter.quantize import HEAD_FORMAT, MODES, QuantizedLinear, replace_module
-from specsample.adapter.weight_formats import Int4Weight, QuantizedWeight, fits, quantize_weight
+from specsample.adapter.weight_formats import (
+    Int4Int8Weight,
+    Int4Weight,
+    Int8Int8Weight,
+    QuantizedWeight,
+    dot_products,
+    fits,
+    int4_format,
+    quantize_weight,
+)
 
 _LLAMA_GLOBAL = {
     "token_embd": "model.embed_tokens",
@@ -219,10 +229,13 @@ def read_weights(file: GgufFile, skip: Collection[str] = ()) -> dict[str, torch.
 def weight_format(kind: str, quantize: str, in_features: int, *, head: bool = False) -> str | None:
     """The format a linear layer stored as ``kind`` is kept in under ``quantize``.
 
-    ``"auto"`` keeps the file's own quantization: the 4-bit types as int4, the other
-    quantized types as bfloat16 (no bits of theirs lost but bfloat16's rounding of each
-    value), float types as float32. ``"none"``: float32. Any other mode is that format
-    where the layer fits it (:func:`~specsample.adapter.weight_formats.fits`), and
+    ``"auto"`` keeps the file's own quantization: the 4-bit types as int4 (in the format of
+    :func:`~specsample.adapter.weight_formats.int4_format`: ``"int4a8"`` where its integer
+    dot products are fast, else ``"int4"``), ``Q8_0`` as ``"int8a8"`` where those are fast
+    (its integers and scales exactly), the other quantized types as bfloat16 (no bits of
+    theirs lost but bfloat16's rounding of each value), float types as float32.
+    ``"none"``: float32. Any other mode is that format where the layer fits it
+    (:func:`~specsample.adapter.weight_formats.fits`), and
     :data:`~specsample.adapter.quantize.HEAD_FORMAT` for the LM head (``head``), as
     :func:`~specsample.adapter.quantize.quantize_model` does.
 
@@ -247,8 +260,10 @@ def weight_format(kind: str, quantize: str, in_features: int, *, head: bool = Fa
 
     Examples
     --------
-    >>> [weight_format(kind, "auto", 576) for kind in ("Q4_1", "Q8_0", "F16")]
-    ['int4', 'bfloat16', None]
+    >>> [weight_format(kind, "auto", 576) for kind in ("Q5_0", "F16")]
+    ['bfloat16', None]
+    >>> weight_format("Q4_1", "auto", 576) in ("int4", "int4a8")
+    True
     >>> weight_format("Q4_1", "int4", 576), weight_format("Q8_0", "int4", 576, head=True)
     ('int4', 'bfloat16')
     """
@@ -258,7 +273,9 @@ def weight_format(kind: str, quantize: str, in_features: int, *, head: bool = Fa
         return None
     if quantize == "auto":
         if kind in INT4_KINDS:
-            return "int4"
+            return int4_format()
+        if kind == "Q8_0" and dot_products():
+            return "int8a8"
         return None if kind in FLOAT_KINDS else "bfloat16"
     chosen = HEAD_FORMAT if head else quantize
     return chosen if fits(chosen, in_features) else None
@@ -286,22 +303,42 @@ _LINEAR = frozenset(
 FLOAT_KINDS = frozenset({"F32", "F16", "BF16"})
 """GGML types that hold plain floats."""
 
+_INT4_FORMATS = frozenset({"int4", "int4a8"})
 
-def _int4_weight(raw: np.ndarray, tensor: GgufTensor, heads: int | None) -> Int4Weight:
-    """An int4 weight with ``tensor``'s own integers, scales and offsets (``Q4_0``,
-    ``Q4_1``, ``Q4_K``), its rows put back in the model's order when ``heads`` is set."""
+
+def _from_blocks(tensor: GgufTensor, format: str | None) -> bool:
+    """Whether a layer of ``format`` takes ``tensor``'s integers as they are."""
+    return (format in _INT4_FORMATS and tensor.kind in INT4_KINDS) or (
+        format == "int8a8" and tensor.kind == "Q8_0"
+    )
+
+
+def _block_weight(
+    raw: np.ndarray, tensor: GgufTensor, heads: int | None, format: str
+) -> QuantizedWeight:
+    """A weight of ``format`` with ``tensor``'s own integers, scales and offsets: an int4
+    one (``"int4"`` or ``"int4a8"``) of ``Q4_0``, ``Q4_1``, ``Q4_K``, an ``"int8a8"`` one of
+    ``Q8_0``; its rows put back in the model's order when ``heads`` is set."""
     rows, columns = tensor.shape
-    integers, scales, offsets = int4_groups(tensor.kind, raw, rows * columns)
-    arrays = [
-        integers.reshape(rows, columns),
-        scales.reshape(rows, -1),
-        offsets.reshape(rows, -1),
-    ]
+    if format == "int8a8":
+        eights = int8_groups(raw, rows * columns)
+        arrays = [eights[0].reshape(rows, columns), eights[1].reshape(rows, -1)]
+    else:
+        integers, scales, offsets = int4_groups(tensor.kind, raw, rows * columns)
+        arrays = [
+            integers.reshape(rows, columns),
+            scales.reshape(rows, -1),
+            offsets.reshape(rows, -1),
+        ]
     if heads is not None:
         half = rows // heads // 2
         arrays = [a.reshape(heads, half, 2, -1).swapaxes(1, 2).reshape(rows, -1) for a in arrays]
-    q, scale, offset = (torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
-    return Int4Weight(q, scale, offset, INT4_GROUP)
+    tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
+    if format == "int8a8":
+        return Int8Int8Weight(tensors[0], tensors[1])
+    if format == "int4a8":
+        return Int4Int8Weight(tensors[0], tensors[1], tensors[2])
+    return Int4Weight(tensors[0], tensors[1], tensors[2], INT4_GROUP)
 
 
 def load_gguf_model(file: GgufFile, quantize: str = "none") -> Any:
@@ -309,10 +346,11 @@ def load_gguf_model(file: GgufFile, quantize: str = "none") -> Any:
 
     With ``quantize="none"`` every tensor is decoded to float32. Otherwise each linear layer
     (the projections and the LM head) is put in the format :func:`weight_format` picks, as
-    a :class:`~specsample.adapter.quantize.QuantizedLinear`: an int4 layer stored as
-    ``Q4_0``, ``Q4_1`` or ``Q4_K`` takes the file's integers, scales and offsets
+    a :class:`~specsample.adapter.quantize.QuantizedLinear`: an int4 or int4a8 layer stored
+    as ``Q4_0``, ``Q4_1`` or ``Q4_K`` takes the file's integers, scales and offsets
     (:func:`~specsample.adapter.gguf_quants.int4_groups`; the scales and offsets then
-    rounded to bfloat16), without decoding the tensor to float32; any other is quantized
+    rounded to bfloat16 for int4, kept in float32 for int4a8), without decoding the tensor
+    to float32; any other is quantized
     from its float32 values (:func:`~specsample.adapter.weight_formats.quantize_weight`). The
     token embedding stays float32.
 
@@ -344,9 +382,7 @@ def load_gguf_model(file: GgufFile, quantize: str = "none") -> Any:
         for module, tensor in _linear_tensors(file).items()
     }
     from_blocks = {
-        module
-        for module, (tensor, format) in formats.items()
-        if format == "int4" and tensor.kind in INT4_KINDS
+        module for module, (tensor, format) in formats.items() if _from_blocks(tensor, format)
     }
     skip = {f"{module}.weight" for module in from_blocks} - {"model.embed_tokens.weight"}
     model_class = getattr(transformers, architecture.model_class)
@@ -363,7 +399,7 @@ def load_gguf_model(file: GgufFile, quantize: str = "none") -> Any:
         layer = model.get_submodule(module)
         if module in from_blocks:
             heads = architecture.heads(tensor.name, values)
-            weight: QuantizedWeight = _int4_weight(_raw(data, tensor, file), tensor, heads)
+            weight: QuantizedWeight = _block_weight(_raw(data, tensor, file), tensor, heads, format)
         else:
             weight = quantize_weight(layer.weight, format)
         replace_module(model, module, QuantizedLinear(weight, layer.bias))

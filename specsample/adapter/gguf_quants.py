@@ -291,6 +291,41 @@ def int4_groups(kind: str, data: np.ndarray, count: int) -> tuple[np.ndarray, ..
     return integers.reshape(-1), scales.reshape(-1), offsets.reshape(-1)
 
 
+def int8_groups(data: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The integers of a ``Q8_0`` tensor and, per group of 32, its scale: the values are
+    ``q * d``, ``d`` the file's float16 (exact in float32).
+
+    Parameters
+    ----------
+    data : numpy.ndarray
+        The tensor's bytes (1-D uint8, :func:`tensor_bytes` long).
+    count : int
+        Its number of values.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``(integers, scales)``: ``[count]`` int8 and ``[count // 32]`` float32.
+
+    Raises
+    ------
+    ValueError
+        ``data`` does not hold ``count`` values.
+
+    Examples
+    --------
+    >>> scale = np.array([0.5], np.float16).view(np.uint8)
+    >>> block = np.concatenate([scale, np.arange(32, dtype=np.uint8)])
+    >>> q, scale = int8_groups(block, 32)
+    >>> q[:3].tolist(), scale.tolist()
+    ([0, 1, 2], [0.5])
+    """
+    if tensor_bytes("Q8_0", count) != data.size:
+        raise ValueError(f"data must hold {tensor_bytes('Q8_0', count)} bytes, got {data.size}")
+    blocks = data.reshape(-1, FORMATS["Q8_0"].size)
+    return blocks[:, 2:].view(np.int8).reshape(-1).copy(), _half(blocks, 0).reshape(-1)
+
+
 def tensor_bytes(kind: str, count: int) -> int:
     """Bytes that ``count`` values of type ``kind`` take.
 

@@ -2,34 +2,42 @@
 
 A decoding step of a small model reads every weight once for a handful of rows, so on a CPU
 its time is mostly the time to read the weights: fewer bytes per weight, less time per
-token. A :class:`QuantizedLinear` keeps its weight in one of three formats of
-:mod:`~specsample.adapter.weight_formats` (int4 in groups of 32, int8 per output channel,
-bfloat16), each applied by a matrix product PyTorch ships for the CPU, in bfloat16: PyTorch's
-int8 and int4 CPU products are 10 to 40 times slower with float32 or float16 inputs.
-A :class:`QuantizedLinear` therefore computes ``bf16(bf16(x) @ W^T) + bias`` with ``W``
-the format's weight (scales and offsets stored in bfloat16), and hands the result back in
-``x``'s dtype. That is the quantized model's function, deterministic. The int4 and int8
-products compute each row alone: a row's output is bit for bit the same whatever other rows
-share the call (checked for 1 to 40 rows), which lets the fused forward verify a block of
-drafts with exactly target-only decoding's logits
-(:func:`~specsample.adapter.fused.rows_agree`); oneDNN's bfloat16 product does so for some
-shapes only (not for 1536 inputs on the machine measured). The function differs from the
-float model's by the quantization and the bfloat16 roundings.
+token. A :class:`QuantizedLinear` keeps its weight in one of the formats of
+:mod:`~specsample.adapter.weight_formats`:
+
+- three applied by a matrix product PyTorch ships for the CPU (int4 in groups of 32, int8
+  per output channel, bfloat16), in bfloat16: PyTorch's int8 and int4 CPU products are 10
+  to 40 times slower with float32 or float16 inputs. Such a layer computes ``bf16(bf16(x)
+  @ W^T) + bias`` with ``W`` the format's weight (scales and offsets stored in bfloat16);
+- two applied by integer dot products of our own (:mod:`specsample.native.dots`: int4a8,
+  int8a8): float32 in and out, each group of 32 inputs of a row quantized to int8 codes,
+  the weights' scales and offsets kept in float32.
+
+Either way the result is handed back in ``x``'s dtype. That is the quantized model's
+function, deterministic. All but the bfloat16 product compute each row alone: a row's
+output is bit for bit the same whatever other rows share the call (checked for 1 to 40
+rows), which lets the fused forward verify a block of drafts with exactly target-only
+decoding's logits (:func:`~specsample.adapter.fused.rows_agree`); oneDNN's bfloat16 product
+does so for some shapes only (not for 1536 inputs on the machine measured). The function
+differs from the float model's by the quantization and the roundings of the activations.
 
 :func:`quantize_model` replaces the ``torch.nn.Linear`` modules of any model by
 :class:`QuantizedLinear` ones (the generic path: the model's own forward then runs through
 them); :class:`~specsample.adapter.fused.FusedForward` applies the same weights, joined
 (query, key and value; gate and up) by
 :meth:`~specsample.adapter.weight_formats.QuantizedWeight.join`.
-:mod:`~specsample.adapter.gguf_load` builds int4 weights straight from a GGUF file's
-``Q4_0``, ``Q4_1`` and ``Q4_K`` blocks (their integers, scales and offsets,
-:func:`~specsample.adapter.gguf_quants.int4_groups`).
+:mod:`~specsample.adapter.gguf_load` builds int4 and int4a8 weights straight from a GGUF
+file's ``Q4_0``, ``Q4_1`` and ``Q4_K`` blocks (their integers, scales and offsets,
+:func:`~specsample.adapter.gguf_quants.int4_groups`), and int8a8 ones from ``Q8_0``.
 
 Measured at one thread on a two-core AVX-512 (with bfloat16) x86-64 machine, the 30
 layers' projections of a 135M-parameter Llama (hidden 576, intermediate 1536) take, per
 forward of 1 / 5 rows: float32 (oneDNN) 26-33 / 26 ms, bfloat16 18 / 18 ms, int8
 16 / 29 ms, int4 7.5 / 18 ms; its 49152 x 576 LM head 8.4 / 7.7, 3.5 / 3.9, 4.5 / 12.7 and
 2.3 / 7.8 ms. The int8 and int4 products cost about linearly in the rows, oneDNN's do not.
+On another such machine (Zen 5, AVX512-VNNI), the int4a8 products of one layer ran 2.8-3.8x
+(1 row) and 2.1-2.7x (5 rows) faster than int4's, and the int8a8 head 2.1x / 1.35x faster
+than bfloat16's.
 """
 
 from __future__ import annotations
@@ -45,9 +53,10 @@ from specsample.adapter.weight_formats import (
     quantize_weight,
 )
 
-MODES = ("none", "auto", "bfloat16", "int8", "int4")
+MODES = ("none", "auto", "bfloat16", "int8", "int4", "int4a8", "int8a8")
 """What :func:`specsample.adapter.load_model` accepts as ``quantize``: ``"none"`` keeps
-float32 weights; ``"auto"`` keeps a GGUF file's own quantization (4-bit types as int4, other
+float32 weights; ``"auto"`` keeps a GGUF file's own quantization (4-bit types as int4 in the
+format of :func:`~specsample.adapter.weight_formats.int4_format`, other
 quantized types as bfloat16) and a model directory's float weights; the others put every
 linear layer in that format, the LM head in :data:`HEAD_FORMAT` (:func:`quantize_model`)."""
 
@@ -56,8 +65,10 @@ class QuantizedLinear(torch.nn.Module):
     """A ``torch.nn.Linear`` whose weight is a
     :class:`~specsample.adapter.weight_formats.QuantizedWeight` (CPU only).
 
-    The output is ``bf16(bf16(x) @ W^T)`` in ``x``'s dtype, plus the bias (kept in its own
-    dtype). The weight is not a parameter: ``parameters()`` yields the bias only.
+    The output is the weight's product (``bf16(bf16(x) @ W^T)`` for PyTorch's formats, the
+    dot products of :mod:`specsample.native.dots` for int4a8 and int8a8) in ``x``'s dtype,
+    plus the bias (kept in its own dtype). The weight is not a parameter: ``parameters()``
+    yields the bias only.
 
     Parameters
     ----------
@@ -181,8 +192,10 @@ def replace_module(model: torch.nn.Module, name: str, module: torch.nn.Module) -
 
 
 def computes_in_bfloat16(model: Any) -> bool:
-    """Whether some linear layer of ``model`` is a :class:`QuantizedLinear` (their products
-    take and give bfloat16, so the model's logits carry bfloat16 rounding).
+    """Whether some linear layer of ``model`` is a :class:`QuantizedLinear` (the products of
+    PyTorch's formats take and give bfloat16, those of integer dot products round their
+    input to int8 codes per group of 32: either way the logits carry a rounding of
+    half-precision size).
 
     Examples
     --------

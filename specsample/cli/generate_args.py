@@ -137,11 +137,13 @@ def _add_source_arguments(parser: argparse.ArgumentParser) -> None:
         choices=MODES,
         default="auto",
         help="weights of both models' linear layers (default: %(default)s): auto keeps a "
-        ".gguf file's quantization (Q4_0, Q4_1 and Q4_K as int4, other quantized types as "
-        "bfloat16) and a directory's float weights; none: float32 (a .gguf file's tensors "
-        "dequantized); bfloat16, int8 or int4 (groups of 32): every linear layer in that "
-        "format, the LM head in bfloat16. Quantized layers compute in bfloat16; the output "
-        "follows the quantized model exactly",
+        ".gguf file's quantization (Q4_0, Q4_1 and Q4_K as int4a8 on a CPU with "
+        "AVX512-VNNI, else int4; Q8_0 as int8a8 there, else bfloat16; other quantized types "
+        "as bfloat16) and a directory's float weights; none: float32 (a .gguf file's "
+        "tensors dequantized); int4a8, int8a8 (integer weights in groups of 32 times "
+        "activations quantized to int8, by integer dot products; need numba), bfloat16, "
+        "int8 or int4: every linear layer in that format, the LM head in bfloat16. The "
+        "output follows the quantized model exactly",
     )
     parser.add_argument(
         "--chat",
