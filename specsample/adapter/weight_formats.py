@@ -441,9 +441,9 @@ class Int4Int8Weight(QuantizedWeight):
     :class:`Int4Weight`, but ``s`` and ``z`` keep float32 (a GGUF file's float16 values
     exactly) and the product quantizes each row's inputs as llama.cpp does. Needs numba
     (``pip install specsample[cpu]``); on a CPU without AVX512-VNNI it runs, slower than
-    :class:`Int4Weight` (:func:`specsample.native.dots.fast`). Runs on its own thread at
-    ``torch.get_num_threads() == 1``, else on numba's threads; not traceable by
-    :func:`torch.compile`.
+    :class:`Int4Weight` (:func:`specsample.native.dots.fast`). Runs on the calling thread
+    where one thread is allowed (:func:`specsample.native.jit.threads`), else on numba's
+    threads; not traceable by :func:`torch.compile`.
 
     Parameters
     ----------
@@ -678,14 +678,15 @@ def _dot_product(
     tensors: tuple[torch.Tensor, ...],
 ) -> torch.Tensor:
     """``rows @ W^T`` by a kernel of :mod:`specsample.native.dots` (``kernels``: the serial
-    one, taken at one PyTorch thread, and the parallel one) reading ``tensors``."""
-    from specsample.native import dots
+    one, taken where :func:`specsample.native.jit.threads` is 1, and the parallel one)
+    reading ``tensors``."""
+    from specsample.native import dots, jit
 
     if not rows.is_cpu:
         raise ValueError(f"{weight.format} weights run on the CPU, got x on {rows.device}")
     blocks = tensors[0].shape[0]
     out = torch.empty(rows.shape[0], blocks * dots.CHANNELS)
-    kernel = kernels[0] if torch.get_num_threads() == 1 else kernels[1]
+    kernel = kernels[0] if jit.threads() == 1 else kernels[1]
     addresses = (tensor.data_ptr() for tensor in tensors)
     kernel(rows.data_ptr(), rows.shape[0], weight.in_features, *addresses, blocks, out.data_ptr())
     return out[:, : weight.out_features] if out.shape[1] != weight.out_features else out

@@ -49,6 +49,13 @@ statistics), a kernel runs on the calling thread: waking the other threads would
 than they save."""
 
 
+def _parallel(elements: int) -> bool:
+    """Whether work of ``elements`` elements goes to a parallel kernel: enough of it
+    (:data:`_PARALLEL_ELEMENTS`) and more than one thread allowed
+    (:func:`specsample.native.jit.threads`)."""
+    return elements >= _PARALLEL_ELEMENTS and jit.threads() > 1
+
+
 def _fused(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> bool:
     """Whether the kernel takes these rows now (else the PyTorch rule runs)."""
     return (
@@ -94,7 +101,7 @@ class FusedChainRule(PaddedRule):
         from specsample.native import chain  # loaded with numba, at the warm-up
 
         batch, k, vocab = target.shape
-        parallel = batch > 1 and batch * vocab >= _PARALLEL_ELEMENTS
+        parallel = batch > 1 and _parallel(batch * vocab)
         chain_rule = chain.chain_rule if parallel else chain.chain_rule_serial
         target, draft, ids, bonus = _rows(target), _rows(draft), _int64(ids), _int64(bonus)
         token_ids = torch.empty((batch, k + 1), dtype=torch.int64)
@@ -195,9 +202,7 @@ def _kernel_stats(
     undecided = np.zeros(rows, np.bool_)
     if read:  # else every row is left to the walk: nothing for the kernel to write
         kernel = (
-            kernels.row_stats
-            if read * logits.shape[1] >= _PARALLEL_ELEMENTS
-            else kernels.row_stats_serial
+            kernels.row_stats if _parallel(read * logits.shape[1]) else kernels.row_stats_serial
         )
         top_k, limits = filters
         kernel(
@@ -273,7 +278,7 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
 
     batch = layout.batch
     # threads share the walks of sampled sequences (greedy ones read one argmax a row)
-    parallel = uniforms is not None and step.target_logits.numel() >= _PARALLEL_ELEMENTS
+    parallel = uniforms is not None and _parallel(step.target_logits.numel())
     kernel = kernels.chain_logits if parallel else kernels.chain_logits_serial
     bonus = step.bonus_token_ids
     columns = [layout.num_drafts, layout.draft_start, layout.target_start, greedy]
@@ -294,7 +299,7 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
         drawn,
         token_ids.numpy(),
         num_accepted.numpy(),
-        kernels.threads() if parallel else 1,
+        jit.threads() if parallel else 1,
     )
     return token_ids, num_accepted
 

@@ -170,6 +170,23 @@ def warm_up(*, wait: bool = False) -> None:
         _thread[0].join()
 
 
+def threads() -> int:
+    """How many threads a parallel kernel may share: numba's count, capped by PyTorch's
+    (``torch.set_num_threads(1)`` keeps every kernel on the calling thread); 1 without
+    numba.
+
+    Examples
+    --------
+    >>> 1 <= threads() <= max(1, torch.get_num_threads())
+    True
+    """
+    if not _NUMBA:
+        return 1
+    import numba
+
+    return max(1, min(int(numba.get_num_threads()), torch.get_num_threads()))
+
+
 def runs_on(tensor: torch.Tensor) -> bool:
     """Whether a kernel may take this tensor now: a CPU tensor, in a call that is not being
     recorded (neither traced by :func:`torch.compile` nor under a dispatch mode such as

@@ -25,7 +25,6 @@ Triton backend's exponential.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from specsample.native import atomics
@@ -424,7 +423,7 @@ def chain_logits(
       greedy): the accept tests, then the final draw, or with ``drawn`` the final draw first
       (:func:`specsample.uniforms.drawn_uniforms`);
     - ``token_ids``: ``[batch, max_drafts + 1]`` int64, filled with -1 by the caller;
-    - ``threads``: how many threads share the work (numba's, ``numba.get_num_threads()``).
+    - ``threads``: how many threads share the work (:func:`specsample.native.jit.threads`).
 
     Each thread takes the next sequence not yet taken until none is left (so a thread whose
     sequences were short takes more of them), then computes the row statistics of sequences
@@ -443,12 +442,6 @@ def chain_logits(
                         token_ids, num_accepted, states, walked, b)  # fmt: skip
             b = atomics.fetch_add(taken, 0, 1)
         _help(target, stats, argmax, layout, states, walked)
-
-
-def threads() -> int:
-    """How many threads numba's parallel kernels run on (the ``threads`` of
-    :func:`chain_logits`)."""
-    return int(numba.get_num_threads())
 
 
 chain_logits_serial = serial(chain_logits)
