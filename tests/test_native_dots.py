@@ -67,8 +67,17 @@ def _int4_case(out: int, inputs: int, seed: int) -> tuple[np.ndarray, ...]:
 
 def _run(kernel: Any, x: torch.Tensor, out_features: int, *tensors: np.ndarray) -> np.ndarray:
     out = torch.empty(x.shape[0], out_features)
+    codes = torch.empty(x.numel(), dtype=torch.int8)
     addresses = [tensor.ctypes.data for tensor in tensors]
-    kernel(x.data_ptr(), x.shape[0], x.shape[1], *addresses, out_features // 16, out.data_ptr())
+    kernel(
+        x.data_ptr(),
+        x.shape[0],
+        x.shape[1],
+        *addresses,
+        out_features // 16,
+        out.data_ptr(),
+        codes.data_ptr(),
+    )
     return out.numpy()
 
 

@@ -686,9 +686,18 @@ def _dot_product(
         raise ValueError(f"{weight.format} weights run on the CPU, got x on {rows.device}")
     blocks = tensors[0].shape[0]
     out = torch.empty(rows.shape[0], blocks * dots.CHANNELS)
+    codes = torch.empty(rows.numel(), dtype=torch.int8)
     kernel = kernels[0] if jit.threads() == 1 else kernels[1]
     addresses = (tensor.data_ptr() for tensor in tensors)
-    kernel(rows.data_ptr(), rows.shape[0], weight.in_features, *addresses, blocks, out.data_ptr())
+    kernel(
+        rows.data_ptr(),
+        rows.shape[0],
+        weight.in_features,
+        *addresses,
+        blocks,
+        out.data_ptr(),
+        codes.data_ptr(),
+    )
     return out[:, : weight.out_features] if out.shape[1] != weight.out_features else out
 
 

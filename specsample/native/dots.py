@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from specsample.native.jit import njit, prange, serial
-from specsample.native.memory import load
+from specsample.native.memory import load, store
 
 CHANNELS = 16
 """Output channels per block of the layout (one 512-bit vector of int32 sums)."""
@@ -194,9 +194,10 @@ _int4_terms, _int8_terms = group_intrinsics(fast())
 
 
 @njit(inline="always")
-def _quantize_group(x: int, at: int, codes: np.ndarray, start: int) -> tuple[np.float32, int]:
-    """Quantize the 32 float32 inputs from element ``at`` past address ``x`` into
-    ``codes[start:start + 32]``: their scale ``d`` and the sum of the codes."""
+def _quantize_group(x: int, at: int, codes: int) -> tuple[np.float32, int]:
+    """Quantize the 32 float32 inputs from element ``at`` past address ``x`` into the int8
+    elements ``at .. at + 31`` past address ``codes``: their scale ``d`` and the sum of the
+    codes."""
     largest = np.float32(0)
     for j in range(GROUP):
         largest = max(largest, abs(load(x, at + j, np.float32(0))))
@@ -205,37 +206,46 @@ def _quantize_group(x: int, at: int, codes: np.ndarray, start: int) -> tuple[np.
     total = 0
     for j in range(GROUP):
         code = int(np.rint(load(x, at + j, np.float32(0)) * inverse))
-        codes[start + j] = code
+        store(codes, at + j, np.int8(code))
         total += code
     return d, total
 
 
 @njit(inline="always")
-def _quantize_rows(x: int, rows: int, inputs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The int8 codes ``[rows * inputs]`` of ``x [rows, inputs]`` (float32 by address), and
-    per group (``[rows * inputs // 32]`` each) their scale and the sum of their codes."""
+def _quantize_rows(x: int, rows: int, inputs: int, codes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Write the int8 codes of ``x [rows, inputs]`` (float32 by address) to ``codes``
+    (``[rows * inputs]`` int8 by address); per group (``[rows * inputs // 32]`` each) their
+    scale and the sum of their codes."""
     groups = inputs // GROUP
-    codes = np.empty(rows * inputs, np.int8)
     steps = np.empty(rows * groups, np.float32)
     totals = np.empty(rows * groups, np.int32)
     for r in range(rows):
         for g in range(groups):
             at = r * inputs + g * GROUP
-            steps[r * groups + g], totals[r * groups + g] = _quantize_group(x, at, codes, at)
-    return codes, steps, totals
+            steps[r * groups + g], totals[r * groups + g] = _quantize_group(x, at, codes)
+    return steps, totals
 
 
 @njit(parallel=True)
 def int4_int8_product(
-    x: int, rows: int, inputs: int, weights: int, scales: int, offsets: int, blocks: int, out: int
+    x: int,
+    rows: int,
+    inputs: int,
+    weights: int,
+    scales: int,
+    offsets: int,
+    blocks: int,
+    out: int,
+    codes: int,
 ) -> None:
     """``out [rows, blocks * 16] = x [rows, inputs] @ W^T`` (float32, both contiguous, by
     address) for int4 weights laid out by :func:`pack` at ``weights`` (uint8 ``[blocks,
     inputs // 32, 256]``), ``scales`` and ``offsets`` (float32 ``[blocks, inputs // 32,
-    16]``); blocks of output channels in parallel."""
+    16]``); ``codes`` (``[rows * inputs]`` int8, by address) is room for the activations'
+    codes, kept alive by the caller as every other tensor. Blocks of output channels in
+    parallel."""
     groups = inputs // GROUP
-    codes, steps, totals = _quantize_rows(x, rows, inputs)
-    codes_at = codes.ctypes.data
+    steps, totals = _quantize_rows(x, rows, inputs, codes)
     for b in prange(blocks):
         for r in range(rows):
             target = out + 4 * (r * blocks + b) * CHANNELS
@@ -243,7 +253,7 @@ def int4_int8_product(
                 at = b * groups + g
                 _int4_terms(
                     weights + at * _INT4_BYTES,
-                    codes_at + r * inputs + g * GROUP,
+                    codes + r * inputs + g * GROUP,
                     scales + 4 * CHANNELS * at,
                     offsets + 4 * CHANNELS * at,
                     target,
@@ -259,15 +269,14 @@ int4_int8_product_serial = serial(int4_int8_product)
 
 @njit(parallel=True)
 def int8_int8_product(
-    x: int, rows: int, inputs: int, weights: int, scales: int, blocks: int, out: int
+    x: int, rows: int, inputs: int, weights: int, scales: int, blocks: int, out: int, codes: int
 ) -> None:
     """``out [rows, blocks * 16] = x [rows, inputs] @ W^T`` (float32, both contiguous, by
     address) for int8 weights laid out by :func:`pack8` at ``weights`` (uint8 ``[blocks,
-    inputs // 32, 512]``) and ``scales`` (float32 ``[blocks, inputs // 32, 16]``); blocks of
-    output channels in parallel."""
+    inputs // 32, 512]``) and ``scales`` (float32 ``[blocks, inputs // 32, 16]``), ``codes``
+    as for :func:`int4_int8_product`. Blocks of output channels in parallel."""
     groups = inputs // GROUP
-    codes, steps, totals = _quantize_rows(x, rows, inputs)
-    codes_at = codes.ctypes.data
+    steps, totals = _quantize_rows(x, rows, inputs, codes)
     for b in prange(blocks):
         for r in range(rows):
             target = out + 4 * (r * blocks + b) * CHANNELS
@@ -275,7 +284,7 @@ def int8_int8_product(
                 at = b * groups + g
                 _int8_terms(
                     weights + at * _INT8_BYTES,
-                    codes_at + r * inputs + g * GROUP,
+                    codes + r * inputs + g * GROUP,
                     scales + 4 * CHANNELS * at,
                     target,
                     steps[r * groups + g],
