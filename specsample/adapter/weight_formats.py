@@ -402,10 +402,7 @@ class Int4Weight(QuantizedWeight):
         return pairs[..., 0], pairs[..., 1]
 
     def dequantize(self) -> torch.Tensor:
-        scales, offsets = self.scales_and_offsets()
-        steps = (self.integers() - 8).to(torch.float32)
-        grouped = steps.reshape(self.out_features, -1, self.group)
-        return (grouped * scales[..., None] + offsets[..., None]).reshape(steps.shape)
+        return _int4_values(self)
 
     @property
     def nbytes(self) -> int:
@@ -423,13 +420,7 @@ class Int4Weight(QuantizedWeight):
             joined.packed = torch.cat([part.packed for part in fours])
             joined.scale_offsets = torch.cat([part.scale_offsets for part in fours], dim=1)
             return joined
-        scales, offsets = zip(*(part.scales_and_offsets() for part in fours), strict=True)
-        return cls(
-            torch.cat([part.integers() for part in fours]),
-            torch.cat(scales),
-            torch.cat(offsets),
-            joined.group,
-        )
+        return cls(*_int4_parts(fours), joined.group)
 
 
 class Int4Int8Weight(QuantizedWeight):
@@ -464,6 +455,7 @@ class Int4Int8Weight(QuantizedWeight):
 
     format = "int4a8"
     dtype = torch.float32
+    group = GROUP_SIZE
 
     def __init__(self, integers: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> None:
         from specsample.native import dots
@@ -516,10 +508,7 @@ class Int4Int8Weight(QuantizedWeight):
         return _channels(self.scales, self.out_features), _channels(self.offsets, self.out_features)
 
     def dequantize(self) -> torch.Tensor:
-        scales, offsets = self.scales_and_offsets()
-        steps = (self.integers() - 8).to(torch.float32)
-        grouped = steps.reshape(self.out_features, -1, GROUP_SIZE)
-        return (grouped * scales[..., None] + offsets[..., None]).reshape(steps.shape)
+        return _int4_values(self)
 
     @property
     def nbytes(self) -> int:
@@ -538,10 +527,7 @@ class Int4Int8Weight(QuantizedWeight):
             joined.scales = torch.cat([part.scales for part in pieces])
             joined.offsets = torch.cat([part.offsets for part in pieces])
             return joined
-        scales, offsets = zip(*(part.scales_and_offsets() for part in pieces), strict=True)
-        return cls(
-            torch.cat([part.integers() for part in pieces]), torch.cat(scales), torch.cat(offsets)
-        )
+        return cls(*_int4_parts(pieces))
 
 
 class Int8Int8Weight(QuantizedWeight):
@@ -648,6 +634,21 @@ class Int8Int8Weight(QuantizedWeight):
             torch.cat([part.integers() for part in pieces]),
             torch.cat([_channels(part.scales, part.out_features) for part in pieces]),
         )
+
+
+def _int4_values(weight: Any) -> torch.Tensor:
+    """``(q - 8) s + z`` of an int4 weight (:class:`Int4Weight`, :class:`Int4Int8Weight`),
+    ``[out_features, in_features]`` float32."""
+    scales, offsets = weight.scales_and_offsets()
+    steps = (weight.integers() - 8).to(torch.float32)
+    grouped = steps.reshape(weight.out_features, -1, weight.group)
+    return (grouped * scales[..., None] + offsets[..., None]).reshape(steps.shape)
+
+
+def _int4_parts(parts: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The integers, scales and offsets of int4 weights, their output channels end to end."""
+    scales, offsets = zip(*(part.scales_and_offsets() for part in parts), strict=True)
+    return torch.cat([part.integers() for part in parts]), torch.cat(scales), torch.cat(offsets)
 
 
 def _need_numba(format: str) -> None:
