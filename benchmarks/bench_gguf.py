@@ -63,7 +63,7 @@ a directory and ``pip install`` the wheel from there.
 ``--quantize MODE`` loads our side with :func:`specsample.adapter.load_model`'s
 ``quantize=MODE``, as ``specsample generate --quantize`` does: by default ``auto``, which
 keeps the file's own 4-bit weights (as int4a8 where the CPU has AVX512-VNNI, else int4) and
-a ``Q8_0`` LM head (as int8a8 there) (:mod:`specsample.adapter.weight_formats`); ``none``
+a ``Q8_0`` LM head (as int8a8 there) (:mod:`specsample.adapter.dot_weights`); ``none``
 runs on the dequantized float32 weights.
 
 The default run (``--threads 1``: 8 prompts x 128 new tokens, temperatures 0 and 1, lookup

@@ -34,24 +34,26 @@ transformers = pytest.importorskip("transformers")
 
 from specsample import adapter  # noqa: E402
 from specsample.adapter import CachedLM  # noqa: E402
+from specsample.adapter.dot_weights import (  # noqa: E402
+    Int4Int8Weight,
+    Int8Int8Weight,
+    dot_products,
+)
 from specsample.adapter.gguf_quants import FORMATS as GGML_FORMATS  # noqa: E402
 from specsample.adapter.gguf_quants import dequantize, int4_groups  # noqa: E402
 from specsample.adapter.quantize import (  # noqa: E402
+    FORMATS,
     QuantizedLinear,
     computes_in_bfloat16,
     quantize_model,
+    quantize_weight,
     quantized_layers,
 )
 from specsample.adapter.weight_formats import (  # noqa: E402
-    FORMATS,
     BFloat16Weight,
-    Int4Int8Weight,
     Int4Weight,
-    Int8Int8Weight,
     Int8Weight,
     affine_groups,
-    dot_products,
-    quantize_weight,
 )
 from specsample.generate import (  # noqa: E402
     ModelDrafter,

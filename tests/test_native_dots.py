@@ -65,10 +65,11 @@ def _int4_case(out: int, inputs: int, seed: int) -> tuple[np.ndarray, ...]:
     return integers, scales, offsets
 
 
-def _run(kernel: Any, x: torch.Tensor, out_features: int, *tensors: np.ndarray) -> np.ndarray:
+def _run(kernel: Any, x: torch.Tensor, out_features: int, *tensors: Any) -> np.ndarray:
+    """The product by ``kernel`` of weights, scales and offsets (``None`` for int8)."""
     out = torch.empty(x.shape[0], out_features)
     codes = torch.empty(x.numel(), dtype=torch.int8)
-    addresses = [tensor.ctypes.data for tensor in tensors]
+    addresses = [None if tensor is None else tensor.ctypes.data for tensor in tensors]
     kernel(
         x.data_ptr(),
         x.shape[0],
@@ -81,10 +82,7 @@ def _run(kernel: Any, x: torch.Tensor, out_features: int, *tensors: np.ndarray) 
     return out.numpy()
 
 
-KERNELS = {
-    "int4": (dots.int4_int8_product, dots.int4_int8_product_serial),
-    "int8": (dots.int8_int8_product, dots.int8_int8_product_serial),
-}
+KERNELS = (dots.int_product, dots.int_product_serial)
 
 
 @pytest.mark.parametrize("kind", ["int4", "int8"])
@@ -99,10 +97,10 @@ def test_products_are_the_documented_arithmetic_bit_for_bit(kind: str, shape: tu
         expected = _replica(x.numpy(), integers, scales, offsets)
     else:
         signed = (integers.astype(np.int16) * 17 - 128).astype(np.int8)
-        tensors = (dots.pack8(signed), _blocks(scales))
+        tensors = (dots.pack8(signed), _blocks(scales), None)
         expected = _replica(x.numpy(), signed, scales, None)
     assert not expected[0].any() or inputs > 32
-    for kernel in KERNELS[kind]:
+    for kernel in KERNELS:
         np.testing.assert_array_equal(_run(kernel, x, out, *tensors), expected)
 
 
@@ -110,9 +108,9 @@ def test_each_row_is_computed_alone() -> None:
     integers, scales, offsets = _int4_case(64, 128, seed=3)
     tensors = (dots.pack(integers), _blocks(scales), _blocks(offsets))
     x = torch.randn(6, 128, generator=torch.Generator().manual_seed(0))
-    together = _run(dots.int4_int8_product, x, 64, *tensors)
+    together = _run(dots.int_product, x, 64, *tensors)
     for r in range(6):
-        alone = _run(dots.int4_int8_product_serial, x[r : r + 1], 64, *tensors)
+        alone = _run(dots.int_product_serial, x[r : r + 1], 64, *tensors)
         np.testing.assert_array_equal(alone[0], together[r])
 
 
@@ -122,7 +120,7 @@ def _one_group(intrinsic: Any) -> Any:
 
     @numba.njit
     def run(weights: int, activations: int, scales: int, offsets: int, out: int) -> None:
-        intrinsic(weights, activations, scales, offsets, out, np.float32(0.5), np.int32(3), True)
+        intrinsic(weights, activations, scales, offsets, 0, out, np.float32(0.5), np.int32(3), True)
 
     return run
 
@@ -135,7 +133,7 @@ def test_vnni_and_plain_vector_dot_products_agree() -> None:
     results = []
     for vnni in (True, False):
         out = np.zeros(16, np.float32)
-        run = _one_group(dots.group_intrinsics(vnni)[0])
+        run = _one_group(dots.group_intrinsic(vnni))
         run(
             arrays[0].ctypes.data,
             activations.ctypes.data,

@@ -31,6 +31,12 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from specsample.adapter.dot_weights import (
+    Int4Int8Weight,
+    Int8Int8Weight,
+    dot_products,
+    int4_format,
+)
 from specsample.adapter.gguf import GgufFile, GgufTensor
 from specsample.adapter.gguf_quants import (
     FORMATS,
@@ -41,17 +47,15 @@ from specsample.adapter.gguf_quants import (
     int8_groups,
     tensor_bytes,
 )
-from specsample.adapter.quantize import HEAD_FORMAT, MODES, QuantizedLinear, replace_module
-from specsample.adapter.weight_formats import (
-    Int4Int8Weight,
-    Int4Weight,
-    Int8Int8Weight,
-    QuantizedWeight,
-    dot_products,
+from specsample.adapter.quantize import (
+    HEAD_FORMAT,
+    MODES,
+    QuantizedLinear,
     fits,
-    int4_format,
     quantize_weight,
+    replace_module,
 )
+from specsample.adapter.weight_formats import Int4Weight, QuantizedWeight
 
 _LLAMA_GLOBAL = {
     "token_embd": "model.embed_tokens",
@@ -230,12 +234,12 @@ def weight_format(kind: str, quantize: str, in_features: int, *, head: bool = Fa
     """The format a linear layer stored as ``kind`` is kept in under ``quantize``.
 
     ``"auto"`` keeps the file's own quantization: the 4-bit types as int4 (in the format of
-    :func:`~specsample.adapter.weight_formats.int4_format`: ``"int4a8"`` where its integer
+    :func:`~specsample.adapter.dot_weights.int4_format`: ``"int4a8"`` where its integer
     dot products are fast, else ``"int4"``), ``Q8_0`` as ``"int8a8"`` where those are fast
     (its integers and scales exactly), the other quantized types as bfloat16 (no bits of
     theirs lost but bfloat16's rounding of each value), float types as float32.
     ``"none"``: float32. Any other mode is that format where the layer fits it
-    (:func:`~specsample.adapter.weight_formats.fits`), and
+    (:func:`~specsample.adapter.quantize.fits`), and
     :data:`~specsample.adapter.quantize.HEAD_FORMAT` for the LM head (``head``), as
     :func:`~specsample.adapter.quantize.quantize_model` does.
 
@@ -351,7 +355,7 @@ def load_gguf_model(file: GgufFile, quantize: str = "none") -> Any:
     (:func:`~specsample.adapter.gguf_quants.int4_groups`; the scales and offsets then
     rounded to bfloat16 for int4, kept in float32 for int4a8), without decoding the tensor
     to float32; any other is quantized
-    from its float32 values (:func:`~specsample.adapter.weight_formats.quantize_weight`). The
+    from its float32 values (:func:`~specsample.adapter.quantize.quantize_weight`). The
     token embedding stays float32.
 
     Parameters

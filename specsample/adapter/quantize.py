@@ -3,7 +3,7 @@
 A decoding step of a small model reads every weight once for a handful of rows, so on a CPU
 its time is mostly the time to read the weights: fewer bytes per weight, less time per
 token. A :class:`QuantizedLinear` keeps its weight in one of the formats of
-:mod:`~specsample.adapter.weight_formats`:
+:mod:`~specsample.adapter.weight_formats` and :mod:`~specsample.adapter.dot_weights`:
 
 - three applied by a matrix product PyTorch ships for the CPU (int4 in groups of 32, int8
   per output channel, bfloat16), in bfloat16: PyTorch's int8 and int4 CPU products are 10
@@ -46,19 +46,68 @@ from typing import Any
 
 import torch
 
+from specsample.adapter.dot_weights import Int4Int8Weight, Int8Int8Weight
 from specsample.adapter.weight_formats import (
-    FORMATS,
+    GROUP_SIZE,
+    INT8_COLUMNS,
+    BFloat16Weight,
+    Int4Weight,
+    Int8Weight,
     QuantizedWeight,
-    fits,
-    quantize_weight,
 )
+
+FORMATS = ("bfloat16", "int8", "int4", "int4a8", "int8a8")
+"""The weight formats, as :func:`quantize_weight` names them: PyTorch's products
+(:mod:`~specsample.adapter.weight_formats`) and integer dot products
+(:mod:`~specsample.adapter.dot_weights`)."""
 
 MODES = ("none", "auto", "bfloat16", "int8", "int4", "int4a8", "int8a8")
 """What :func:`specsample.adapter.load_model` accepts as ``quantize``: ``"none"`` keeps
 float32 weights; ``"auto"`` keeps a GGUF file's own quantization (4-bit types as int4 in the
-format of :func:`~specsample.adapter.weight_formats.int4_format`, other
+format of :func:`~specsample.adapter.dot_weights.int4_format`, other
 quantized types as bfloat16) and a model directory's float weights; the others put every
 linear layer in that format, the LM head in :data:`HEAD_FORMAT` (:func:`quantize_model`)."""
+
+
+def quantize_weight(weight: torch.Tensor, format: str) -> QuantizedWeight:
+    """``weight [out_features, in_features]`` (float) in ``format`` (:data:`FORMATS`).
+
+    Raises
+    ------
+    ValueError
+        ``format`` is not one of :data:`FORMATS`, or the shape does not fit it
+        (:func:`fits`).
+
+    Examples
+    --------
+    >>> weight = torch.linspace(-127.0, 127.0, 32).reshape(2, 16)
+    >>> quantize_weight(weight, "int8").dequantize()[:, :3].tolist()
+    [[-127.0, -119.0, -111.0], [4.0, 12.0, 20.0]]
+    """
+    if format == "bfloat16":
+        return BFloat16Weight(weight)
+    if format == "int8":
+        return Int8Weight.from_float(weight)
+    if format == "int4":
+        return Int4Weight.from_float(weight)
+    if format == "int4a8":
+        return Int4Int8Weight.from_float(weight)
+    if format == "int8a8":
+        return Int8Int8Weight.from_float(weight)
+    raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+
+
+def fits(format: str, in_features: int) -> bool:
+    """Whether a layer of ``in_features`` inputs can be held in ``format``.
+
+    Examples
+    --------
+    >>> fits("int4", 576), fits("int4", 48), fits("int8", 48), fits("bfloat16", 5)
+    (True, False, True, True)
+    """
+    if format in ("int4", "int4a8", "int8a8"):
+        return in_features % GROUP_SIZE == 0
+    return format != "int8" or in_features % INT8_COLUMNS == 0
 
 
 class QuantizedLinear(torch.nn.Module):
@@ -92,7 +141,7 @@ class QuantizedLinear(torch.nn.Module):
     @classmethod
     def from_linear(cls, layer: torch.nn.Linear, format: str) -> QuantizedLinear:
         """``layer`` with its weight in ``format``
-        (:func:`~specsample.adapter.weight_formats.quantize_weight`)."""
+        (:func:`quantize_weight`)."""
         return cls(quantize_weight(layer.weight, format), layer.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -136,7 +185,7 @@ def quantize_model(
     """Replace, in place, each ``torch.nn.Linear`` of ``model`` by a :class:`QuantizedLinear`.
 
     Layers whose shape does not fit their format
-    (:func:`~specsample.adapter.weight_formats.fits`) keep their float weights. A weight
+    (:func:`fits`) keep their float weights. A weight
     shared by two layers (or tied to an embedding) is quantized for each layer; the embedding
     keeps its float weights.
 
@@ -145,7 +194,7 @@ def quantize_model(
     model : torch.nn.Module
         A model on the CPU.
     format : str
-        One of :data:`~specsample.adapter.weight_formats.FORMATS`, for every linear layer but
+        One of :data:`FORMATS`, for every linear layer but
         the LM head.
     head : str or None
         The LM head's format (:func:`output_layer`; default :data:`HEAD_FORMAT`), ``None``
@@ -160,7 +209,7 @@ def quantize_model(
     ------
     ValueError
         ``format`` or ``head`` is not one of
-        :data:`~specsample.adapter.weight_formats.FORMATS`, or the model is not on the CPU.
+        :data:`FORMATS`, or the model is not on the CPU.
 
     Examples
     --------

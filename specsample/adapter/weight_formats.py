@@ -1,14 +1,8 @@
-"""Weight-only formats of a linear layer's weight, each applied by a matrix product for the
-CPU (the layers that hold them: :mod:`specsample.adapter.quantize`).
+"""Weight-only formats of a linear layer's weight applied by a matrix product PyTorch ships
+for the CPU, and what every format shares (:class:`QuantizedWeight`; the formats of integer
+dot products: :mod:`specsample.adapter.dot_weights`; the layers that hold them:
+:mod:`specsample.adapter.quantize`).
 
-``"int4a8"`` (:class:`Int4Int8Weight`)
-    The int4 weights below with float32 scales and offsets, applied to activations
-    quantized to int8 per group of 32, by integer dot products
-    (:mod:`specsample.native.dots`), as llama.cpp applies a GGUF file's 4-bit blocks.
-    Three quarters of a byte per weight.
-``"int8a8"`` (:class:`Int8Int8Weight`)
-    Eight-bit integers in groups of 32 inputs with a float32 scale each (GGUF's ``Q8_0``),
-    applied the same way. A byte and an eighth per weight.
 ``"int4"`` (:class:`Int4Weight`)
     Four-bit integers ``q`` in ``0..15`` in groups of :data:`GROUP_SIZE` along the input,
     each group with a scale ``s`` and an offset ``z``: ``w = (q - 8) * s + z``
@@ -20,11 +14,11 @@ CPU (the layers that hold them: :mod:`specsample.adapter.quantize`).
     The weight rounded to bfloat16, laid out once for oneDNN where the CPU computes in
     bfloat16. Two bytes per weight.
 
-The three formats applied by PyTorch's products take their input in bfloat16 and return
-bfloat16 (PyTorch's int8 and int4 CPU products are 10 to 40 times slower with float32 or
-float16 inputs), their scales and offsets stored in bfloat16; ``"int4a8"`` and ``"int8a8"``
-take and return float32 (:attr:`QuantizedWeight.dtype`). All but bfloat16 compute
-each row alone: a row's output is bit for bit the same whatever other rows share the call.
+These three take their input in bfloat16 and return bfloat16 (PyTorch's int8 and int4 CPU
+products are 10 to 40 times slower with float32 or float16 inputs; other formats say so in
+:attr:`QuantizedWeight.dtype`), their scales and offsets stored in bfloat16. The int4 and
+int8 products compute each row alone: a row's output is bit for bit the same whatever other
+rows share the call.
 """
 
 from __future__ import annotations
@@ -50,9 +44,6 @@ blocks."""
 INT8_COLUMNS = 16
 """The int8 product needs ``in_features`` a multiple of this (it reads past the end of
 other rows: wrong values or a crash, in PyTorch 2.13)."""
-
-FORMATS = ("bfloat16", "int8", "int4", "int4a8", "int8a8")
-"""The weight formats, as :func:`quantize_weight` names them."""
 
 _INNER_K_TILES = 2
 """The int4 layout's ``innerKTiles`` (1, 2, 4 and 8 timed alike on the CPU)."""
@@ -128,7 +119,7 @@ def affine_groups(
     return steps.clamp(0, 15).to(torch.int32).reshape(rows, columns), scales, offsets
 
 
-def _check_int4(
+def check_int4(
     integers: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, group: int
 ) -> None:
     """Raise unless ``integers`` (``0..15``), ``scales`` and ``offsets`` describe int4 groups
@@ -306,7 +297,7 @@ class Int8Weight(QuantizedWeight):
 
     @classmethod
     def join(cls, parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
-        eights = [_same(part, cls) for part in parts]
+        eights = [same_format(part, cls) for part in parts]
         return cls(
             torch.cat([part.integers for part in eights]),
             torch.cat([part.scales for part in eights]),
@@ -349,7 +340,7 @@ class Int4Weight(QuantizedWeight):
         offsets: torch.Tensor,
         group: int = GROUP_SIZE,
     ) -> None:
-        _check_int4(integers, scales, offsets, group)
+        check_int4(integers, scales, offsets, group)
         rows, columns = integers.shape
         self.out_features, self.in_features, self.group = rows, columns, group
         pad = -rows % INT4_ROWS
@@ -402,7 +393,7 @@ class Int4Weight(QuantizedWeight):
         return pairs[..., 0], pairs[..., 1]
 
     def dequantize(self) -> torch.Tensor:
-        return _int4_values(self)
+        return int4_values(self)
 
     @property
     def nbytes(self) -> int:
@@ -410,7 +401,7 @@ class Int4Weight(QuantizedWeight):
 
     @classmethod
     def join(cls, parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
-        fours = [_same(part, cls) for part in parts]
+        fours = [same_format(part, cls) for part in parts]
         if len({part.group for part in fours}) != 1:
             raise ValueError("int4 weights must share their group size to be joined")
         joined = object.__new__(cls)
@@ -420,224 +411,12 @@ class Int4Weight(QuantizedWeight):
             joined.packed = torch.cat([part.packed for part in fours])
             joined.scale_offsets = torch.cat([part.scale_offsets for part in fours], dim=1)
             return joined
-        return cls(*_int4_parts(fours), joined.group)
+        return cls(*int4_parts(fours), joined.group)
 
 
-class Int4Int8Weight(QuantizedWeight):
-    """Int4 weights in groups of 32 inputs with a float32 scale and offset, applied to
-    activations quantized to int8 per group of 32 (:mod:`specsample.native.dots`, which
-    gives the arithmetic); float32 in and out.
-
-    The weight is ``w = (q - 8) * s + z`` with ``q`` in ``0..15``, as for
-    :class:`Int4Weight`, but ``s`` and ``z`` keep float32 (a GGUF file's float16 values
-    exactly) and the product quantizes each row's inputs as llama.cpp does. Needs numba
-    (``pip install specsample[cpu]``); on a CPU without AVX512-VNNI it runs, slower than
-    :class:`Int4Weight` (:func:`specsample.native.dots.fast`). Runs on the calling thread
-    where one thread is allowed (:func:`specsample.native.jit.threads`), else on numba's
-    threads; not traceable by :func:`torch.compile`.
-
-    Parameters
-    ----------
-    integers : torch.Tensor
-        ``[out_features, in_features]`` integers in ``0..15`` (any integer dtype).
-    scales, offsets : torch.Tensor
-        ``[out_features, in_features // 32]`` float (held as float32).
-
-    Examples
-    --------
-    >>> q = torch.arange(32).remainder(16).repeat(16, 1)
-    >>> weight = Int4Int8Weight(q, torch.full((16, 1), 0.5), torch.ones(16, 1))
-    >>> weight.dequantize()[0, :3].tolist()
-    [-3.0, -2.5, -2.0]
-    >>> float(weight(torch.ones(1, 32))[0, 0])
-    24.0
-    """
-
-    format = "int4a8"
-    dtype = torch.float32
-    group = GROUP_SIZE
-
-    def __init__(self, integers: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> None:
-        from specsample.native import dots
-
-        _need_numba(self.format)
-        _check_int4(integers, scales, offsets, GROUP_SIZE)
-        self.out_features, self.in_features = integers.shape
-        pad = -self.out_features % dots.CHANNELS
-        padded = torch.nn.functional.pad(integers.to(torch.uint8), (0, 0, 0, pad), value=8)
-        self.packed = torch.from_numpy(dots.pack(padded.numpy()))
-        self.scales = _channel_blocks(scales, pad)
-        self.offsets = _channel_blocks(offsets, pad)
-
-    @classmethod
-    def from_float(cls, weight: torch.Tensor) -> Int4Int8Weight:
-        """Asymmetric quantization per group of 32 (:func:`affine_groups`), the scales and
-        offsets in float32.
-
-        Parameters
-        ----------
-        weight : torch.Tensor
-            ``[out_features, in_features]`` float; ``in_features`` a multiple of 32.
-
-        Raises
-        ------
-        ValueError
-            ``in_features`` is not a multiple of 32.
-        """
-        return cls(*affine_groups(weight, GROUP_SIZE, torch.float32))
-
-    def _matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        from specsample.native import dots
-
-        return _dot_product(
-            self,
-            rows,
-            (dots.int4_int8_product_serial, dots.int4_int8_product),
-            (self.packed, self.scales, self.offsets),
-        )
-
-    def integers(self) -> torch.Tensor:
-        """``q``, ``[out_features, in_features]`` int32 in ``0..15``."""
-        from specsample.native import dots
-
-        unpacked = torch.from_numpy(dots.unpack(self.packed.numpy()))
-        return unpacked[: self.out_features].to(torch.int32)
-
-    def scales_and_offsets(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``s`` and ``z``: ``[out_features, in_features // 32]`` float32 each."""
-        return _channels(self.scales, self.out_features), _channels(self.offsets, self.out_features)
-
-    def dequantize(self) -> torch.Tensor:
-        return _int4_values(self)
-
-    @property
-    def nbytes(self) -> int:
-        return self.packed.numel() + (self.scales.numel() + self.offsets.numel()) * 4
-
-    @classmethod
-    def join(cls, parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
-        from specsample.native import dots
-
-        pieces = [_same(part, cls) for part in parts]
-        if all(part.out_features % dots.CHANNELS == 0 for part in pieces[:-1]):
-            joined = object.__new__(cls)
-            joined.in_features = pieces[0].in_features
-            joined.out_features = sum(part.out_features for part in pieces)
-            joined.packed = torch.cat([part.packed for part in pieces])
-            joined.scales = torch.cat([part.scales for part in pieces])
-            joined.offsets = torch.cat([part.offsets for part in pieces])
-            return joined
-        return cls(*_int4_parts(pieces))
-
-
-class Int8Int8Weight(QuantizedWeight):
-    """Int8 weights in groups of 32 inputs with a float32 scale each (GGUF's ``Q8_0``),
-    applied to activations quantized to int8 per group of 32 (:mod:`specsample.native.dots`);
-    float32 in and out.
-
-    The weight is ``w = q * s`` with ``q`` in ``-128..127``. The same requirements and
-    threads as :class:`Int4Int8Weight`.
-
-    Parameters
-    ----------
-    integers : torch.Tensor
-        ``[out_features, in_features]`` int8.
-    scales : torch.Tensor
-        ``[out_features, in_features // 32]`` float (held as float32).
-
-    Examples
-    --------
-    >>> q = torch.arange(32, dtype=torch.int8).repeat(16, 1)
-    >>> weight = Int8Int8Weight(q, torch.full((16, 1), 0.5))
-    >>> weight.dequantize()[0, :3].tolist()
-    [0.0, 0.5, 1.0]
-    >>> float(weight(torch.ones(1, 32))[0, 0])
-    248.0
-    """
-
-    format = "int8a8"
-    dtype = torch.float32
-
-    def __init__(self, integers: torch.Tensor, scales: torch.Tensor) -> None:
-        from specsample.native import dots
-
-        _need_numba(self.format)
-        if integers.dtype != torch.int8 or integers.dim() != 2:
-            raise TypeError(f"integers must be a 2-D int8 tensor, got {integers.dtype}")
-        self.out_features, self.in_features = integers.shape
-        if self.in_features % GROUP_SIZE:
-            raise ValueError(
-                f"in_features must be a multiple of {GROUP_SIZE}, got {self.in_features}"
-            )
-        expected = (self.out_features, self.in_features // GROUP_SIZE)
-        if tuple(scales.shape) != expected:
-            raise ValueError(f"scales must have shape {expected}, got {tuple(scales.shape)}")
-        pad = -self.out_features % dots.CHANNELS
-        padded = torch.nn.functional.pad(integers, (0, 0, 0, pad))
-        self.packed = torch.from_numpy(dots.pack8(padded.numpy()))
-        self.scales = _channel_blocks(scales, pad)
-
-    @classmethod
-    def from_float(cls, weight: torch.Tensor) -> Int8Int8Weight:
-        """Symmetric quantization per group of 32: ``s = max |w| / 127``, ``q = round(w /
-        s)`` (as GGUF's ``Q8_0``, but ``s`` in float32).
-
-        Parameters
-        ----------
-        weight : torch.Tensor
-            ``[out_features, in_features]`` float; ``in_features`` a multiple of 32.
-
-        Raises
-        ------
-        ValueError
-            ``in_features`` is not a multiple of 32.
-        """
-        rows, columns = weight.shape
-        if columns % GROUP_SIZE:
-            raise ValueError(f"in_features must be a multiple of {GROUP_SIZE}, got {columns}")
-        grouped = weight.detach().to(torch.float32).reshape(rows, -1, GROUP_SIZE)
-        scales = grouped.abs().amax(dim=-1) / 127
-        safe = torch.where(scales > 0, scales, torch.ones_like(scales))
-        integers = torch.round(grouped / safe[..., None]).clamp(-127, 127).to(torch.int8)
-        return cls(integers.reshape(rows, columns), scales)
-
-    def _matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        from specsample.native import dots
-
-        return _dot_product(
-            self,
-            rows,
-            (dots.int8_int8_product_serial, dots.int8_int8_product),
-            (self.packed, self.scales),
-        )
-
-    def integers(self) -> torch.Tensor:
-        """``q``, ``[out_features, in_features]`` int8."""
-        from specsample.native import dots
-
-        return torch.from_numpy(dots.unpack8(self.packed.numpy()))[: self.out_features]
-
-    def dequantize(self) -> torch.Tensor:
-        steps = self.integers().to(torch.float32).reshape(self.out_features, -1, GROUP_SIZE)
-        return (steps * _channels(self.scales, self.out_features)[..., None]).reshape(
-            self.out_features, self.in_features
-        )
-
-    @property
-    def nbytes(self) -> int:
-        return self.packed.numel() + self.scales.numel() * 4
-
-    @classmethod
-    def join(cls, parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
-        pieces = [_same(part, cls) for part in parts]
-        return cls(
-            torch.cat([part.integers() for part in pieces]),
-            torch.cat([_channels(part.scales, part.out_features) for part in pieces]),
-        )
-
-
-def _int4_values(weight: Any) -> torch.Tensor:
-    """``(q - 8) s + z`` of an int4 weight (:class:`Int4Weight`, :class:`Int4Int8Weight`),
+def int4_values(weight: Any) -> torch.Tensor:
+    """``(q - 8) s + z`` of an int4 weight (:class:`Int4Weight`,
+    :class:`~specsample.adapter.dot_weights.Int4Int8Weight`),
     ``[out_features, in_features]`` float32."""
     scales, offsets = weight.scales_and_offsets()
     steps = (weight.integers() - 8).to(torch.float32)
@@ -645,141 +424,13 @@ def _int4_values(weight: Any) -> torch.Tensor:
     return (grouped * scales[..., None] + offsets[..., None]).reshape(steps.shape)
 
 
-def _int4_parts(parts: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def int4_parts(parts: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The integers, scales and offsets of int4 weights, their output channels end to end."""
     scales, offsets = zip(*(part.scales_and_offsets() for part in parts), strict=True)
     return torch.cat([part.integers() for part in parts]), torch.cat(scales), torch.cat(offsets)
 
 
-def _need_numba(format: str) -> None:
-    from specsample.native import jit
-
-    if not jit.available():
-        raise RuntimeError(f"{format} weights need numba: pip install 'specsample[cpu]'")
-
-
-def _channel_blocks(values: torch.Tensor, pad: int) -> torch.Tensor:
-    """``[out, groups]`` per-group values as the dot-product kernels read them: float32
-    ``[(out + pad) // 16, groups, 16]`` (``pad`` zero rows added)."""
-    from specsample.native import dots
-
-    padded = torch.nn.functional.pad(values.detach().to(torch.float32), (0, 0, 0, pad))
-    return padded.reshape(-1, dots.CHANNELS, values.shape[1]).transpose(1, 2).contiguous()
-
-
-def _channels(blocks: torch.Tensor, out_features: int) -> torch.Tensor:
-    """The inverse of :func:`_channel_blocks`: ``[out_features, groups]``."""
-    return blocks.transpose(1, 2).reshape(-1, blocks.shape[1])[:out_features]
-
-
-def _dot_product(
-    weight: QuantizedWeight,
-    rows: torch.Tensor,
-    kernels: tuple[Any, Any],
-    tensors: tuple[torch.Tensor, ...],
-) -> torch.Tensor:
-    """``rows @ W^T`` by a kernel of :mod:`specsample.native.dots` (``kernels``: the serial
-    one, taken where :func:`specsample.native.jit.threads` is 1, and the parallel one)
-    reading ``tensors``."""
-    from specsample.native import dots, jit
-
-    if not rows.is_cpu:
-        raise ValueError(f"{weight.format} weights run on the CPU, got x on {rows.device}")
-    blocks = tensors[0].shape[0]
-    out = torch.empty(rows.shape[0], blocks * dots.CHANNELS)
-    codes = torch.empty(rows.numel(), dtype=torch.int8)
-    kernel = kernels[0] if jit.threads() == 1 else kernels[1]
-    addresses = (tensor.data_ptr() for tensor in tensors)
-    kernel(
-        rows.data_ptr(),
-        rows.shape[0],
-        weight.in_features,
-        *addresses,
-        blocks,
-        out.data_ptr(),
-        codes.data_ptr(),
-    )
-    return out[:, : weight.out_features] if out.shape[1] != weight.out_features else out
-
-
-def _same(part: QuantizedWeight, kind: type[Any]) -> Any:
+def same_format(part: QuantizedWeight, kind: type[Any]) -> Any:
     if not isinstance(part, kind):
         raise TypeError(f"cannot join a {part.format} weight with {kind.format} ones")
     return part
-
-
-def quantize_weight(weight: torch.Tensor, format: str) -> QuantizedWeight:
-    """``weight [out_features, in_features]`` (float) in ``format`` (:data:`FORMATS`).
-
-    Raises
-    ------
-    ValueError
-        ``format`` is not one of :data:`FORMATS`, or the shape does not fit it
-        (:func:`fits`).
-
-    Examples
-    --------
-    >>> weight = torch.linspace(-127.0, 127.0, 32).reshape(2, 16)
-    >>> quantize_weight(weight, "int8").dequantize()[:, :3].tolist()
-    [[-127.0, -119.0, -111.0], [4.0, 12.0, 20.0]]
-    """
-    if format == "bfloat16":
-        return BFloat16Weight(weight)
-    if format == "int8":
-        return Int8Weight.from_float(weight)
-    if format == "int4":
-        return Int4Weight.from_float(weight)
-    if format == "int4a8":
-        return Int4Int8Weight.from_float(weight)
-    if format == "int8a8":
-        return Int8Int8Weight.from_float(weight)
-    raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
-
-
-def dot_products() -> bool:
-    """Whether the formats of integer dot products (``"int4a8"``, ``"int8a8"``) are the
-    faster ones here: numba is installed and the CPU has AVX512-VNNI
-    (:func:`specsample.native.dots.fast`).
-
-    Examples
-    --------
-    >>> isinstance(dot_products(), bool)
-    True
-    """
-    from specsample.native import jit
-
-    if not jit.available():
-        return False
-    from specsample.native import dots
-
-    return dots.fast()
-
-
-def int4_format() -> str:
-    """The int4 format that is faster on this machine: ``"int4a8"`` where
-    :func:`dot_products`, else ``"int4"``.
-
-    Measured at one thread on a two-core AMD EPYC (Zen 5, AVX512-VNNI), the products of a
-    135M-parameter Llama's layers (3072 x 576, 576 x 1536, 960 x 576, 576 x 576) with
-    one / five rows: int4a8 2.8-3.8x / 2.1-2.7x faster than int4. Without VNNI the same
-    integers by plain vector arithmetic ran 0.6-0.9x / 0.3-0.4x int4's speed there.
-
-    Examples
-    --------
-    >>> int4_format() in ("int4", "int4a8")
-    True
-    """
-    return "int4a8" if dot_products() else "int4"
-
-
-def fits(format: str, in_features: int) -> bool:
-    """Whether a layer of ``in_features`` inputs can be held in ``format``.
-
-    Examples
-    --------
-    >>> fits("int4", 576), fits("int4", 48), fits("int8", 48), fits("bfloat16", 5)
-    (True, False, True, True)
-    """
-    if format in ("int4", "int4a8", "int8a8"):
-        return in_features % GROUP_SIZE == 0
-    return format != "int8" or in_features % INT8_COLUMNS == 0

@@ -23,7 +23,7 @@ and any thread count. ``tests/test_native_dots.py`` checks it against a NumPy re
 these steps.
 
 Int8 weights (GGUF's ``Q8_0``: ``w = q s``, ``q`` in ``-128..127``) take the same steps
-with ``i = sum q_j x8_j`` and no offset term (:func:`int8_int8_product`).
+with ``i = sum q_j x8_j`` and no offset term (:func:`int_product` without offsets).
 
 The weights are laid out for the instruction: 16 output channels by 32 inputs take 256
 bytes, in four parts of eight inputs; in a part, channel ``c`` holds four bytes whose low
@@ -65,13 +65,13 @@ def fast() -> bool:
     return bool(llvmlite.binding.get_host_cpu_features().get("avx512vnni", False))
 
 
-def group_intrinsics(vnni: bool) -> tuple[Any, Any]:
-    """The numba intrinsics that add one group's terms to 16 float32 accumulators: for int4
-    weights (:func:`int4_int8_product`) and for int8 ones (:func:`int8_int8_product`). Their
-    integer dot products are made by ``vpdpbusd`` (``vnni``, on a CPU with AVX512-VNNI only)
-    or by plain vector arithmetic; both give the same integers.
+def group_intrinsic(vnni: bool) -> Any:
+    """The numba intrinsic that adds one group's terms to 16 float32 accumulators, for int4
+    weights (given their offsets) or int8 ones (offsets ``None``; numba compiles each case
+    apart). Its integer dot products are made by ``vpdpbusd`` (``vnni``, on a CPU with
+    AVX512-VNNI only) or by plain vector arithmetic; both give the same integers.
 
-    In both, the weights are the unsigned bytes and the broadcast activations the signed
+    In both cases the weights are the unsigned bytes and the broadcast activations the signed
     ones (int8 weights are stored plus 128, and ``128 t`` taken off the sum): with the
     broadcast in the unsigned operand, LLVM 20 gave wrong sums for all but the first
     channel, and spent minutes on a ``xor`` of it."""
@@ -129,68 +129,64 @@ def group_intrinsics(vnni: bool) -> tuple[Any, Any]:
             builder.sitofp(exact, floats16), builder.fmul(scale, splat(builder, d, floats16))
         )
 
-    address = types.int64
+    address, index = types.int64, types.int64
 
     @intrinsic
-    def int4_terms(typingctx, weights, activations, scales, offsets, out, d, t, first):  # type: ignore[no-untyped-def]
-        """``out[0:16] (+)= float(sum q x8 - 8 t) * (s * d) + z * (d * t)`` for one group
-        of one block: ``weights`` (256 bytes), ``activations`` (32 int8), ``scales``,
-        ``offsets`` and ``out`` (16 float32 each) by address."""
-        signature = types.void(*[address] * 5, types.float32, types.int32, types.boolean)
+    def group_terms(typingctx, weights, activations, scales, offsets, at, out, d, t, first):  # type: ignore[no-untyped-def]
+        """``out[0:16] (+)= float(sum q x8 - 8 t) * (s * d) + z * (d * t)`` (int4 weights,
+        256 bytes a group) or ``float(sum (q + 128) x8 - 128 t) * (s * d)`` (int8 weights
+        stored plus 128, 512 bytes; ``offsets`` ``None``) for group ``at`` of the weights,
+        scales and offsets (16 float32 a group) from their addresses; ``activations`` (32
+        int8) and ``out`` (16 float32) by address."""
+        four_bit = not isinstance(offsets, types.NoneType)
+        signature = types.void(
+            address, address, address, offsets, index, address, types.float32, types.int32,
+            types.boolean,
+        )  # fmt: skip
+        size, shift = (_INT4_BYTES, 8) if four_bit else (_INT8_BYTES, 128)
 
         def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-            w_at, x_at, s_at, z_at, out_at, d, t, first_group = args
-            packed = builder.inttoptr(w_at, bytes64.as_pointer())
-            inputs = builder.inttoptr(x_at, word.as_pointer())
-            low_mask, four = ir.Constant(bytes64, [15] * 64), ir.Constant(bytes64, [4] * 64)
-            sums = zeros
-            for part in range(4):
-                block = builder.load(builder.gep(packed, [ir.Constant(word, part)]), align=1)
-                nibbles = (builder.and_(block, low_mask), builder.lshr(block, four))
-                for half, weights in enumerate(nibbles):
-                    at = builder.gep(inputs, [ir.Constant(word, 2 * part + half)])
-                    four_inputs = splat(builder, builder.load(at, align=1), words16)
-                    sums = dot(builder, sums, builder.bitcast(weights, words16), four_inputs)
-            exact = builder.sub(sums, splat(builder, builder.mul(t, ir.Constant(word, 8)), words16))
-            d_t = builder.fmul(d, builder.sitofp(t, single))
-            term = builder.fadd(
-                scaled(builder, exact, vector(builder, s_at, floats16), d),
-                builder.fmul(vector(builder, z_at, floats16), splat(builder, d_t, floats16)),
-            )
-            accumulate(builder, term, out_at, first_group)
-            return context.get_dummy_value()
+            w_base, x_at, s_base, z_base, group, out_at, d, t, first_group = args
 
-        return signature, codegen
-
-    @intrinsic
-    def int8_terms(typingctx, weights, activations, scales, out, d, t, first):  # type: ignore[no-untyped-def]
-        """``out[0:16] (+)= float(sum (q + 128) x8 - 128 t) * (s * d)`` for one group of one
-        block: ``weights`` (512 bytes ``q + 128``), ``activations`` (32 int8), ``scales``
-        and ``out`` (16 float32 each) by address."""
-        signature = types.void(*[address] * 4, types.float32, types.int32, types.boolean)
-
-        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-            w_at, x_at, s_at, out_at, d, t, first_group = args
-            packed = builder.inttoptr(w_at, words16.as_pointer())
-            inputs = builder.inttoptr(x_at, word.as_pointer())
-            sums = zeros
-            for part in range(8):
-                weights = builder.load(builder.gep(packed, [ir.Constant(word, part)]), align=1)
-                at = builder.gep(inputs, [ir.Constant(word, part)])
-                sums = dot(
-                    builder, sums, weights, splat(builder, builder.load(at, align=1), words16)
+            def element(base, bytes_per_group):  # type: ignore[no-untyped-def]
+                return builder.add(
+                    base, builder.mul(group, ir.Constant(base.type, bytes_per_group))
                 )
-            shift = splat(builder, builder.mul(t, ir.Constant(word, 128)), words16)
-            term = scaled(builder, builder.sub(sums, shift), vector(builder, s_at, floats16), d)
+
+            packed = builder.inttoptr(element(w_base, size), bytes64.as_pointer())
+            blocks = [
+                builder.load(builder.gep(packed, [ir.Constant(word, part)]), align=1)
+                for part in range(size // 64)
+            ]
+            if four_bit:
+                low_mask, four = ir.Constant(bytes64, [15] * 64), ir.Constant(bytes64, [4] * 64)
+                blocks = [
+                    half
+                    for block in blocks
+                    for half in (builder.and_(block, low_mask), builder.lshr(block, four))
+                ]
+            inputs = builder.inttoptr(x_at, word.as_pointer())
+            sums = zeros
+            for part, block in enumerate(blocks):
+                at = builder.gep(inputs, [ir.Constant(word, part)])
+                four_inputs = splat(builder, builder.load(at, align=1), words16)
+                sums = dot(builder, sums, builder.bitcast(block, words16), four_inputs)
+            shifted = splat(builder, builder.mul(t, ir.Constant(word, shift)), words16)
+            scale = vector(builder, element(s_base, 4 * CHANNELS), floats16)
+            term = scaled(builder, builder.sub(sums, shifted), scale, d)
+            if four_bit:
+                d_t = builder.fmul(d, builder.sitofp(t, single))
+                offset = vector(builder, element(z_base, 4 * CHANNELS), floats16)
+                term = builder.fadd(term, builder.fmul(offset, splat(builder, d_t, floats16)))
             accumulate(builder, term, out_at, first_group)
             return context.get_dummy_value()
 
         return signature, codegen
 
-    return int4_terms, int8_terms
+    return group_terms
 
 
-_int4_terms, _int8_terms = group_intrinsics(fast())
+_group_terms = group_intrinsic(fast())
 
 
 @njit(inline="always")
@@ -227,35 +223,39 @@ def _quantize_rows(x: int, rows: int, inputs: int, codes: int) -> tuple[np.ndarr
 
 
 @njit(parallel=True)
-def int4_int8_product(
+def int_product(
     x: int,
     rows: int,
     inputs: int,
     weights: int,
     scales: int,
-    offsets: int,
+    offsets: int | None,
     blocks: int,
     out: int,
     codes: int,
 ) -> None:
     """``out [rows, blocks * 16] = x [rows, inputs] @ W^T`` (float32, both contiguous, by
-    address) for int4 weights laid out by :func:`pack` at ``weights`` (uint8 ``[blocks,
-    inputs // 32, 256]``), ``scales`` and ``offsets`` (float32 ``[blocks, inputs // 32,
-    16]``); ``codes`` (``[rows * inputs]`` int8, by address) is room for the activations'
-    codes, kept alive by the caller as every other tensor. Blocks of output channels in
-    parallel."""
+    address), blocks of output channels in parallel, for
+
+    - int4 weights laid out by :func:`pack` at ``weights`` (uint8 ``[blocks, inputs // 32,
+      256]``), their ``scales`` and ``offsets`` (float32 ``[blocks, inputs // 32, 16]``);
+    - or int8 weights laid out by :func:`pack8` (uint8 ``[blocks, inputs // 32, 512]``) and
+      their ``scales``, ``offsets`` ``None``.
+
+    ``codes`` (``[rows * inputs]`` int8, by address) is room for the activations' codes,
+    kept alive by the caller as every other tensor."""
     groups = inputs // GROUP
     steps, totals = _quantize_rows(x, rows, inputs, codes)
     for b in prange(blocks):
         for r in range(rows):
             target = out + 4 * (r * blocks + b) * CHANNELS
             for g in range(groups):
-                at = b * groups + g
-                _int4_terms(
-                    weights + at * _INT4_BYTES,
+                _group_terms(
+                    weights,
                     codes + r * inputs + g * GROUP,
-                    scales + 4 * CHANNELS * at,
-                    offsets + 4 * CHANNELS * at,
+                    scales,
+                    offsets,
+                    b * groups + g,
                     target,
                     steps[r * groups + g],
                     totals[r * groups + g],
@@ -263,43 +263,13 @@ def int4_int8_product(
                 )
 
 
-int4_int8_product_serial = serial(int4_int8_product)
-"""The serial twin of :func:`int4_int8_product`."""
-
-
-@njit(parallel=True)
-def int8_int8_product(
-    x: int, rows: int, inputs: int, weights: int, scales: int, blocks: int, out: int, codes: int
-) -> None:
-    """``out [rows, blocks * 16] = x [rows, inputs] @ W^T`` (float32, both contiguous, by
-    address) for int8 weights laid out by :func:`pack8` at ``weights`` (uint8 ``[blocks,
-    inputs // 32, 512]``) and ``scales`` (float32 ``[blocks, inputs // 32, 16]``), ``codes``
-    as for :func:`int4_int8_product`. Blocks of output channels in parallel."""
-    groups = inputs // GROUP
-    steps, totals = _quantize_rows(x, rows, inputs, codes)
-    for b in prange(blocks):
-        for r in range(rows):
-            target = out + 4 * (r * blocks + b) * CHANNELS
-            for g in range(groups):
-                at = b * groups + g
-                _int8_terms(
-                    weights + at * _INT8_BYTES,
-                    codes + r * inputs + g * GROUP,
-                    scales + 4 * CHANNELS * at,
-                    target,
-                    steps[r * groups + g],
-                    totals[r * groups + g],
-                    g == 0,
-                )
-
-
-int8_int8_product_serial = serial(int8_int8_product)
-"""The serial twin of :func:`int8_int8_product`."""
+int_product_serial = serial(int_product)
+"""The serial twin of :func:`int_product`."""
 
 
 def pack8(integers: np.ndarray) -> np.ndarray:
     """Lay out ``[out, inputs]`` int8 integers (``out`` a multiple of 16, ``inputs`` of 32)
-    as :func:`int8_int8_product` reads them: ``[out // 16, inputs // 32, 512]`` uint8, each
+    as :func:`int_product` reads them: ``[out // 16, inputs // 32, 512]`` uint8, each
     ``q + 128``; in a group, channel ``c`` holds inputs ``4p .. 4p + 3`` at bytes ``64 p +
     4 c``.
 
@@ -339,7 +309,7 @@ def unpack8(packed: np.ndarray) -> np.ndarray:
 
 def pack(integers: np.ndarray) -> np.ndarray:
     """Lay out ``[out, inputs]`` integers in ``0..15`` (``out`` a multiple of 16,
-    ``inputs`` of 32) as :func:`int4_int8_product` reads them: ``[out // 16, inputs // 32,
+    ``inputs`` of 32) as :func:`int_product` reads them: ``[out // 16, inputs // 32,
     256]`` uint8.
 
     Examples
