@@ -28,9 +28,10 @@ $(VLLM_STAMP): pyproject.toml scripts/vllm-cpu-requirements.txt
 	$(VLLM_PY) -m pip install --quiet --no-deps "vllm==$(VLLM_VERSION)" "xgrammar==0.2.8" "llguidance>=1.7,<1.8"
 	touch $(VLLM_STAMP)
 
-# Sampled: the small default pair falls into repetition loops when decoding greedily.
+# Sampled: the small default pair falls into repetition loops when decoding greedily. One
+# thread, as the README's key figures: threads beyond the free cores stall each other.
 demo: $(STAMP)
-	$(VENV)/bin/specsample generate "def parse(text):" --compare --temperature 0.7 --top-p 0.9
+	$(VENV)/bin/specsample generate "def parse(text):" --compare --temperature 0.7 --top-p 0.9 --threads 1
 
 exactness: $(STAMP)
 	$(VENV)/bin/specsample demo
@@ -41,7 +42,7 @@ lint: $(STAMP)
 
 # Compile the fused CPU kernels once into the user's cache, so that the test workers load them.
 kernels: $(STAMP)
-	$(PY) -c "from specsample.native import jit; jit.warm_up(wait=True)"
+	$(VENV)/bin/specsample warm
 
 test: lint kernels
 	$(PY) -m pytest -n 2 --dist worksteal
@@ -52,7 +53,7 @@ test-fast: lint kernels
 # The vLLM contract tests; then vLLM's own sampler beside ours, its Triton kernels run by
 # Triton's interpreter (an empty CUDA_VISIBLE_DEVICES keeps Triton on in vLLM without a GPU).
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_PY) -c "from specsample.native import jit; jit.warm_up(wait=True)"
+	$(VLLM_VENV)/bin/specsample warm
 	$(VLLM_PY) -m pytest -n 2 --dist worksteal tests/vllm_integration specsample/integrations
 	CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 $(VLLM_PY) -m pytest tests/vllm_integration/test_against_vllm.py
 

@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats or (3 if args.quick else 5)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    jit.warm_up(wait=True)
+    jit.warm_up()
     nbytes = cache_flush_bytes(torch.device("cpu"))
     flush = Flusher(torch.device("cpu"), nbytes)
     results = []

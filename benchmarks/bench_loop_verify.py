@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    jit.warm_up(wait=True)
+    jit.warm_up()
     backends = ["torch"] + (["cpu"] if resolve("auto", torch.zeros(1)) == "cpu" else [])
     print(
         f"verify at the loop's shapes (k = 5, draft probabilities), torch {torch.__version__}, "

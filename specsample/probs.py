@@ -146,9 +146,9 @@ def row_stats(
         logits = logits.contiguous()
     rows, vocab = logits.shape
     device = logits.device
-    cutoff = torch.full((rows,), -math.inf, device=device)
-    log_norm = torch.full((rows,), math.nan, device=device)
-    shift = torch.zeros(rows, device=device)
+    cutoff = torch.full((rows,), -math.inf, dtype=torch.float32, device=device)
+    log_norm = torch.full((rows,), math.nan, dtype=torch.float32, device=device)
+    shift = torch.zeros(rows, dtype=torch.float32, device=device)
     argmax = torch.empty(rows, dtype=torch.int64, device=device)
     for start, stop in _row_chunks(rows, vocab, device):
         top, index = logits[start:stop].max(dim=-1)

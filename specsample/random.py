@@ -35,7 +35,6 @@ import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from specsample.native import jit
@@ -188,9 +187,9 @@ def _hash_chain(key: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
 
 @_hash_uniform.register_kernel("cpu")
 def _hash_uniform_cpu(key: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
-    """The operator on CPU tensors: one compiled loop once the kernels are compiled
-    (:mod:`specsample.native.hashing`, the same numbers bit for bit in a fifth of the time),
-    the integer tensor chain before."""
+    """The operator on CPU tensors: one compiled loop (:mod:`specsample.native.hashing`, the
+    same numbers bit for bit in a fifth of the time, compiled on first use), or the integer
+    tensor chain where the kernels cannot run (numba missing)."""
     if not jit.ready():
         return _hash_chain(key, counters)
     from specsample.native.hashing import hash_uniform  # loaded with numba
@@ -204,16 +203,6 @@ def _hash_uniform_cpu(key: torch.Tensor, counters: torch.Tensor) -> torch.Tensor
 def _hash_uniform_shape(key: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     """The output's shape and dtype, for tracing: ``counters``' shape, float64."""
     return counters.new_empty(counters.shape, dtype=torch.float64)
-
-
-@jit.on_warm_up
-def _warm_hash() -> None:
-    """Compile the CPU loop of the hash (:mod:`specsample.native.hashing`) for contiguous
-    arrays, then freeze it: the operator's CPU kernel runs it once compiled."""
-    from specsample.native.hashing import hash_uniform
-
-    hash_uniform(np.zeros(1, np.int64), np.zeros((1, 1), np.int64), np.zeros((1, 1)))
-    hash_uniform.disable_compile()
 
 
 def check_generators(

@@ -61,7 +61,7 @@ def compiled_kernels() -> None:
     every worker then loads. Tests of the calls made before compilation fake it."""
     from specsample.native import jit
 
-    jit.warm_up(wait=True)
+    jit.warm_up()
 
 
 @pytest.fixture(scope="session", autouse=True)

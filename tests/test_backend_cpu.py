@@ -4,11 +4,11 @@ Given the same uniforms, its chain rule on probabilities returns the PyTorch rul
 accepted counts, column for column: on random rows of several vocabularies (one block, a
 partial last block, many blocks), float32 and float64 rows, strided and contiguous layouts,
 extreme rows (one-hot, all-zero residuals, NaN, infinities, ids outside the vocabulary), and
-through :class:`specsample.RejectionSampler` on both backends. Half-precision rows, calls
-made before the kernel has compiled, and calls recorded by ``make_fx``, run the PyTorch rule
-itself. The exactness harness also
-runs on the backend. Every test waits for the background compilation first, and is skipped
-without numba.
+through :class:`specsample.RejectionSampler` on both backends, under float32 or float64
+default dtypes. Half-precision rows, calls where the kernels cannot run (numba missing, or a
+failed compilation), and calls recorded by ``make_fx``, run the PyTorch rule itself. The
+exactness harness also runs on the backend. Every test compiles or loads the kernels first,
+and is skipped without numba.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from specsample import RejectionSampler
+from specsample import RejectionSampler, verify
 from specsample.backends import cpu
 from specsample.native import chain, jit
 from specsample.rules.block import block_verify
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(not jit.available(), reason="the CPU backend nee
 
 @pytest.fixture(autouse=True, scope="module")
 def _compiled() -> None:
-    jit.warm_up(wait=True)
+    jit.warm_up()
     assert jit.ready()
 
 
@@ -146,9 +146,34 @@ def test_the_sampler_gives_the_same_tokens_on_both_backends() -> None:
         assert torch.equal(outputs[0], outputs[1])
 
 
-def test_calls_before_compilation_run_the_pytorch_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("filters", [{}, {"top_k": 7, "top_p": 0.9}], ids=["plain", "filtered"])
+def test_a_float64_default_dtype_changes_nothing(filters: dict[str, float]) -> None:
+    """Every tensor handed to a kernel has an explicit dtype: under
+    ``torch.set_default_dtype(torch.float64)``, ``verify`` on float32 logits and the sampler
+    on float32 rows give the tokens they give under float32."""
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(40, 3000, generator=gen)
+    drafts = torch.randint(0, 3000, (32,), generator=gen)
+    q, p, ids, bonus, _ = _case(8, 4, 3000, torch.float32, seed=8)
+    seeded = {"seeds": torch.arange(8), "positions": torch.zeros(8, dtype=torch.int64)}
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        out = verify(logits, drafts, [4] * 8, backend="cpu", temperature=1.0, **seeded, **filters)
+        return out.token_ids, RejectionSampler(backend="cpu")(q, bonus, p, ids, **seeded)
+
+    expected = run()
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        got = run()
+    finally:
+        torch.set_default_dtype(previous)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+def test_calls_without_kernels_run_the_pytorch_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     def kernel(*args: object) -> None:
-        raise AssertionError("the kernel ran before it was ready")
+        raise AssertionError("the kernel ran where it could not")
 
     monkeypatch.setattr(jit, "ready", lambda: False)
     monkeypatch.setattr(chain, "chain_rule", kernel)

@@ -43,7 +43,7 @@ pytestmark = pytest.mark.skipif(not jit.available(), reason="the CPU backend nee
 
 @pytest.fixture(autouse=True, scope="module")
 def _compiled() -> None:
-    jit.warm_up(wait=True)
+    jit.warm_up()
     assert jit.ready()
 
 

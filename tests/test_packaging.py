@@ -79,3 +79,48 @@ def test_the_lowest_setuptools_builds_a_wheel_with_py_typed(tmp_path: Path) -> N
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA")))
     assert "specsample/py.typed" in names
     assert b"License-Expression: Apache-2.0" in metadata
+
+
+OPTIONAL_MODULES = (
+    "numba", "llvmlite", "transformers", "safetensors", "tokenizers", "tqdm", "gguf",
+    "accelerate", "matplotlib", "pytest", "hypothesis", "scipy", "triton", "vllm",
+)  # fmt: skip
+"""What the extras install: a plain ``pip install specsample`` has none of them."""
+
+WITHOUT_EXTRAS = """
+import sys
+for name in sys.argv[1].split(","):
+    sys.modules[name] = None  # as if not installed: import fails, find_spec gives None
+import torch
+import specsample
+from specsample.cli import main
+sys.exit(main(["--version"]))
+"""
+
+
+def test_a_plain_install_imports_and_runs_without_the_extras() -> None:
+    """With the core dependencies alone (every extra's modules made unimportable), the
+    package imports and ``specsample --version`` runs: numpy, which the core imports, is a
+    core dependency."""
+    core = {Requirement(text).name for text in _pyproject()["project"]["dependencies"]}
+    assert "numpy" in core
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_EXTRAS, ",".join(OPTIONAL_MODULES)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("specsample ")
+
+
+def test_numba_is_bounded_to_the_tested_releases() -> None:
+    """The kernels use numba's internals (its cache and intrinsics): the ``cpu`` extra
+    admits the releases tested, from the one vLLM's CPU build pins (0.65) to the one CI
+    installs."""
+    (requirement,) = [
+        Requirement(text)
+        for text in _pyproject()["project"]["optional-dependencies"]["cpu"]
+        if Requirement(text).name == "numba"
+    ]
+    assert requirement.specifier.contains("0.65.0") and requirement.specifier.contains("0.68.1")
+    assert not requirement.specifier.contains("0.69.0")
+    assert not requirement.specifier.contains("0.64.0")

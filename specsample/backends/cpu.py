@@ -15,14 +15,15 @@ within about ``1e-16`` of a cell boundary on probabilities (see
 :mod:`specsample.rules.residual`), and within about ``1e-7`` on logits (whose exponentials
 round as float32's do, not bit for bit as PyTorch's, see :mod:`specsample.native.logits`).
 
-The kernels run on CPU tensors (float32 or float64 probabilities, float32 logits) once their
-compilation has finished (:func:`specsample.native.jit.ready`, on a background thread, which
-is also where numba is first imported: ``import specsample`` does not load it); other calls
-(half precision, another device, a call being recorded by ``torch.compile`` or ``make_fx``,
-or the first calls while the kernels compile) run the PyTorch code, which gives the same
-tokens (:func:`specsample.native.jit.runs_on`). Small batches
-run on the calling thread; large ones use numba's threads (for a sampled step, as soon as its
-rows are large: the threads then share even one sequence's walk).
+The kernels run on CPU tensors (float32 or float64 probabilities, float32 logits) once
+compiled: the first call that can use them compiles them in the foreground, announced, or
+loads them from the user's cache (:func:`specsample.native.jit.ready`, which is also where
+numba is first imported: ``import specsample`` does not load it). Other calls (half
+precision, another device, a call being recorded by ``torch.compile`` or ``make_fx``) run
+the PyTorch code, which gives the same tokens (:func:`specsample.native.jit.runs_on`). Small
+batches run on the calling thread; large ones share PyTorch's thread count
+(:func:`specsample.native.jit.threads`; for a sampled step, as soon as its rows are large:
+the threads then share even one sequence's walk).
 """
 
 from __future__ import annotations
@@ -124,13 +125,13 @@ fused_chain = FusedChainRule()
 """The chain rule on probabilities by the fused CPU kernel (:class:`FusedChainRule`)."""
 
 
-_NO_FILTER = (torch.empty(0, dtype=torch.int64), torch.empty(2, 0))
+_NO_FILTER = (torch.empty(0, dtype=torch.int64), torch.empty(2, 0, dtype=torch.float32))
 """The filters of a batch without any, as :func:`_filters` gives them."""
 
 _NONE_LAZY = np.zeros(0, np.bool_)
 """No row left to the walk (the ``lazy`` of :func:`specsample.native.logits.row_stats`)."""
 
-_UNREAD = torch.tensor([[math.nan], [math.nan], [-math.inf], [math.nan]])
+_UNREAD = torch.tensor([[math.nan], [math.nan], [-math.inf], [math.nan]], dtype=torch.float32)
 """The shift, (placeholder) inverse temperature, cutoff and log-norm a row starts with, and a
 row left to the walk keeps (:func:`specsample.native.logits.row_stats` does not write it)."""
 
@@ -146,7 +147,7 @@ def _filters(sampling: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor]:
     if top_k is None and top_p is None and min_p is None:
         return _NO_FILTER
     rows = sampling.inv_temperature.shape[0]
-    limits = torch.empty(2, rows)
+    limits = torch.empty(2, rows, dtype=torch.float32)
     limits[0] = 1.0 if top_p is None else top_p
     limits[1] = (
         -math.inf if min_p is None else torch.where(min_p > 0.0, torch.log(min_p), -math.inf)
@@ -250,9 +251,9 @@ def _draft_rows(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The draft rows as the kernel takes them (``[0, 0]`` for one-hot drafts, or when every
     request is greedy) and their ``[4, rows]`` statistics (``[4, 0]`` for probabilities);
     ``None`` where it cannot."""
-    none = torch.empty(4, 0)
+    none = torch.empty(4, 0, dtype=torch.float32)
     if step.plan.uniforms is None:
-        return torch.empty(0, 0), none
+        return torch.empty(0, 0, dtype=torch.float32), none
     if step.draft_logits is not None and step.draft_logits.shape[0]:
         rows = step.draft_logits
         if not _fused_logits(rows):
@@ -263,7 +264,7 @@ def _draft_rows(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor] | None:
     if step.draft_probs is not None and step.draft_probs.shape[0]:
         rows = step.draft_probs
         return (rows, none) if rows.dtype in _MARKERS else None
-    return torch.empty(0, 0), none
+    return torch.empty(0, 0, dtype=torch.float32), none
 
 
 def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
@@ -282,7 +283,7 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     kernel = kernels.chain_logits if parallel else kernels.chain_logits_serial
     bonus = step.bonus_token_ids
     columns = [layout.num_drafts, layout.draft_start, layout.target_start, greedy]
-    columns.append(torch.full((batch,), -1) if bonus is None else bonus)
+    columns.append(torch.full((batch,), -1, dtype=torch.int64) if bonus is None else bonus)
     token_ids = torch.full((batch, layout.max_drafts + 1), -1, dtype=torch.int64)
     num_accepted = torch.empty(batch, dtype=torch.int64)
     if uniforms is None:
@@ -347,56 +348,6 @@ def _dense(tensor: torch.Tensor) -> np.ndarray:
     are compiled for contiguous arrays alone)."""
     dense = tensor if tensor.is_contiguous() else tensor.contiguous()
     return (dense.detach() if dense.requires_grad else dense).numpy()
-
-
-def _warm_logits() -> None:
-    """Compile the logits kernels for contiguous float32 logits, with each kind of draft
-    rows (float32 or float64 probabilities, float32 logits, none), then freeze them."""
-    from specsample.native import logits as kernels
-
-    logits = np.zeros((2, 4), np.float32)
-    stats = np.zeros((4, 2), np.float32)
-    argmax = np.zeros(2, np.int64)
-    layout = np.array([[1], [0], [0], [0], [-1]], np.int64)
-    kernels.fill_norms(logits, stats, argmax)
-    kernels.fill_norms.disable_compile()
-    for stats_kernel in (kernels.row_stats, kernels.row_stats_serial):
-        for top_k, limits in ((np.zeros(0, np.int64), np.zeros((2, 0), np.float32)),
-                              (np.ones(2, np.int64), np.zeros((2, 2), np.float32))):  # fmt: skip
-            stats_kernel(logits, stats, argmax, True, top_k, limits, _NONE_LAZY,
-                         np.zeros(2, np.bool_))  # fmt: skip
-        stats_kernel.disable_compile()
-    for chain in (kernels.chain_logits, kernels.chain_logits_serial):
-        for draft in (np.zeros((1, 4), np.float32), np.zeros((1, 4), np.float64)):
-            chain(
-                logits, stats, argmax, layout, np.zeros(1, np.int64), draft, stats,
-                np.full((1, 2), 0.5), False, np.zeros((1, 2), np.int64), np.zeros(1, np.int64), 2,
-            )  # fmt: skip
-        chain.disable_compile()
-
-
-jit.on_warm_up(_warm_logits)
-
-
-def _warm() -> None:
-    """Compile the probabilities kernel per row dtype, then freeze it: a call then never
-    starts a compilation (every layout is the same addresses and strides to it)."""
-    from specsample.native import chain
-
-    ids, bonus = torch.zeros(2, 1, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)
-    uniforms = torch.full((2, 2), 0.5, dtype=torch.float64)
-    out = (torch.empty(2, 2, dtype=torch.int64), torch.empty(2, dtype=torch.int64))
-    for chain_rule in (chain.chain_rule, chain.chain_rule_serial):
-        for dtype, marker in _MARKERS.items():
-            rows = torch.full((2, 1, 4), 0.25, dtype=dtype)
-            chain_rule(
-                memory(rows), memory(rows), memory(ids), memory(bonus), memory(uniforms),
-                (out[0].data_ptr(), out[1].data_ptr()), (2, 1, 4), False, marker,
-            )  # fmt: skip
-        chain_rule.disable_compile()
-
-
-jit.on_warm_up(_warm)
 
 
 def prob_rule(method: str) -> PaddedRule:

@@ -198,7 +198,7 @@ def run_benchmark(
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        jit.warm_up(wait=True)
+        jit.warm_up()
         flush = Flusher(device, nbytes)
         hf, hf_note = _find_transformers_sampler()
         setup = _Setup(repeats, slow_repeats, device, dtype, flush, hf, hf_note)

@@ -1,4 +1,4 @@
-"""The ``specsample`` command: ``demo``, ``bench``, ``compare`` and ``generate``.
+"""The ``specsample`` command: ``demo``, ``bench``, ``compare``, ``generate`` and ``warm``.
 
 One module per command (:mod:`specsample.cli.demo`, :mod:`specsample.cli.bench`,
 :mod:`specsample.cli.compare`, :mod:`specsample.cli.generate`), each adding its parser
@@ -9,7 +9,8 @@ One module per command (:mod:`specsample.cli.demo`, :mod:`specsample.cli.bench`,
 short cold-cache speed table; ``bench`` runs the full benchmark; ``compare`` verifies the
 same drafts with every rule and reports tokens per verification step; ``generate`` runs
 batched speculative decoding with a target/draft pair of causal LMs, or prompt lookup,
-streams the text and prints the run's statistics. ``specsample --version`` prints the
+streams the text and prints the run's statistics; ``warm`` compiles the fused CPU kernels
+ahead of time (:mod:`specsample.cli.warm`). ``specsample --version`` prints the
 package's version.
 
 Every option is checked before any work starts (and before any model loads): a value out
@@ -18,7 +19,9 @@ of range, a combination that makes no sense or a flag that does not exist is a u
 typed, with the closest flag or command when one was misspelt. Every option that sizes the
 work is bounded, and ``--help`` states the bound. Errors found later (a file that cannot
 serve, a model that cannot load) are reported on one line too, with exit status 1. Ctrl-C
-stops a command with exit status 130, after what it ran is reported.
+stops a command with exit status 130 and one line on stderr, ``specsample COMMAND:
+interrupted`` (after what it ran is reported), whether it comes while the options are
+checked, while models load or while the command runs.
 """
 
 from __future__ import annotations
@@ -30,9 +33,16 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from specsample import __version__
-from specsample.cli import bench, compare, demo, generate
+from specsample.cli import bench, compare, demo, generate, warm
+from specsample.native import jit
 
-COMMANDS = {"demo": demo, "bench": bench, "compare": compare, "generate": generate}
+COMMANDS = {
+    "demo": demo,
+    "bench": bench,
+    "compare": compare,
+    "generate": generate,
+    "warm": warm,
+}
 """Each command's module, in the order ``--help`` lists them."""
 
 
@@ -132,16 +142,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     >>> main(["bench", "--shapes", "2x0x8"])
     2
     """
+    prog = "specsample"
     try:
-        args = _parse(argv)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 2
-    try:
+        try:
+            args = _parse(argv)
+        except SystemExit as exc:
+            return exc.code if isinstance(exc.code, int) else 2
+        prog = f"specsample {args.command}"
+        if args.command != "warm":  # compiled (announced) or loaded before anything is timed
+            jit.warm_up()
         return int(COMMANDS[args.command].run(args))
     except KeyboardInterrupt:
         sys.stdout.flush()
-        print(f"specsample {args.command}: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except (ValueError, TypeError, RuntimeError, OSError, ImportError) as exc:
-        print(f"specsample {args.command}: error: {exc}", file=sys.stderr)
+        if _interrupted(exc):  # a Ctrl-C that a library turned into its own error
+            print(f"{prog}: interrupted", file=sys.stderr)
+            return 130
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
+
+
+def _interrupted(error: BaseException) -> bool:
+    """Whether ``error`` was raised while handling a Ctrl-C (transformers' lazy imports
+    report one as "Could not import module ...")."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

@@ -1,7 +1,8 @@
 """Fused CPU kernels, compiled by numba: the kernels of the ``"cpu"`` backend.
 
-* :mod:`~specsample.native.jit`: compilation into the user's cache, on a background thread
-  (no call waits for it: until it is done, the backend runs the PyTorch code);
+* :mod:`~specsample.native.jit`: compilation once per machine and user into the user's
+  cache, in the foreground and announced (or ahead of time, ``specsample warm``), on the
+  caller's thread count;
 * :mod:`~specsample.native.chain`: the chain rule on ``[batch, k, vocab]`` probabilities in
   one pass per sequence;
 * :mod:`~specsample.native.logits`: the chain rule on flattened logits and the row statistics
@@ -12,6 +13,8 @@
   exponential, ``z`` as PyTorch computes it, integer keys that order floats);
 * :mod:`~specsample.native.hashing`: the counter-based uniforms of :mod:`specsample.random`
   (what :func:`specsample.random.counter_uniform` runs on CPU tensors);
+* :mod:`~specsample.native.dots`: the integer dot products of the ``int4a8`` and ``int8a8``
+  weight formats (:mod:`specsample.adapter.dot_weights`);
 * :mod:`~specsample.native.memory`: a tensor's memory read and written through its address
   and strides.
 

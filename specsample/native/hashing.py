@@ -40,3 +40,9 @@ def hash_uniform(key: np.ndarray, counters: np.ndarray, out: np.ndarray) -> None
             c = np.uint64(counters[b, j])
             inner = _mix32(((c >> np.uint64(32)) & _MASK) ^ _GOLDEN)
             out[b, j] = np.float64(_mix32(k ^ _mix32((c & _MASK) ^ inner))) * _GRID
+
+
+def warm() -> None:
+    """Compile :func:`hash_uniform` for contiguous arrays, then freeze it."""
+    hash_uniform(np.zeros(1, np.int64), np.zeros((1, 1), np.int64), np.zeros((1, 1)))
+    hash_uniform.disable_compile()

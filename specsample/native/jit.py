@@ -1,11 +1,19 @@
-"""numba, compiled once per machine into the user's cache, and never waited for.
+"""numba kernels: compiled once per machine and user, in the foreground and announced, on the
+caller's thread count.
 
-:func:`njit` compiles a function with numba on first use and caches the machine code in
-:func:`cache_dir` (``$SPECSAMPLE_CACHE_DIR``, else ``$XDG_CACHE_HOME/specsample/numba``, else
-``~/.cache/specsample/numba``): never inside the installed package. :func:`warm_up` compiles
-(or loads from that cache) every kernel on a background thread; until it has finished,
-:func:`ready` is ``False`` and the backend runs the PyTorch code instead, which gives the same
-tokens. So no call waits for a compilation, the first one after installation included.
+* **Cache.** :func:`njit` caches machine code in :func:`cache_dir` (``$SPECSAMPLE_CACHE_DIR``,
+  else ``$XDG_CACHE_HOME/specsample/numba``, else ``~/.cache/specsample/numba``), never inside
+  the installed package, in a folder named by :func:`sources_key`: a digest of numba's and
+  llvmlite's versions and of every source the kernels are compiled from. Every checkout or
+  installation of the same sources shares it (numba's own cache is kept per source folder).
+* **Compilation.** :func:`warm_up` compiles (or loads from that cache) every kernel on the
+  calling thread, once per process. When the cache does not hold them yet, it says so on
+  standard error first, one line (a counter on a terminal), and how long it took at the end;
+  loading is silent. The first use of a kernel (:func:`ready`) warms up the same way, so no
+  call ever compiles behind the caller's back; ``specsample warm`` (or ``make kernels``)
+  does it ahead of time. After the warm-up no kernel compiles again.
+* **Threads.** The kernels use no more threads than PyTorch's count (:func:`threads`), and
+  starting numba's thread pool leaves that count as it was.
 
 Without numba installed, :func:`available` is ``False`` and :func:`njit` returns the
 function unchanged (it is then never called).
@@ -13,26 +21,32 @@ function unchanged (it is then never called).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import importlib
 import importlib.util
 import os
+import re
+import sys
 import threading
+import time
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 _NUMBA = importlib.util.find_spec("numba") is not None
-_done = threading.Event()
-_compiled = threading.Event()
-_started = threading.Lock()
-_warmers: list[Callable[[], None]] = []
-_thread: list[threading.Thread] = []
+_KERNELS = ("hashing", "chain", "logits", "dots")
+"""The modules of :mod:`specsample.native` whose ``warm()`` compiles their kernels."""
+_warmed = threading.Lock()
+_state = {"done": False, "compiled": False}
+_pool = threading.Lock()
+_pool_started: list[bool] = []
 
 
 def available() -> bool:
@@ -61,12 +75,31 @@ def cache_dir() -> Path:
     return Path(base) / "specsample" / "numba"
 
 
+def kernel_sources() -> list[Path]:
+    """Every source file the kernels are compiled from: the modules of this package and the
+    project's modules they import (a kernel bakes in the constants and inlines the functions
+    it reads from them).
+
+    Examples
+    --------
+    >>> Path(__file__) in kernel_sources()
+    True
+    """
+    here = Path(__file__).parent
+    root = here.parent.parent
+    sources = set(here.glob("*.py"))
+    for path in list(sources):
+        for name in re.findall(r"^from (specsample(?:\.\w+)+) import", path.read_text(), re.M):
+            module = root.joinpath(*name.split("."))
+            sources.add(module / "__init__.py" if module.is_dir() else module.with_suffix(".py"))
+    return sorted(sources)
+
+
 @functools.cache
 def sources_key() -> str:
-    """A digest of the kernels' source files, naming the folder of :func:`cache_dir` they are
-    cached in. numba checks a cached function against its own file alone, not against the
-    files of the functions it inlines: keyed by every source, machine code compiled from other
-    sources is never loaded.
+    """A digest of numba's and llvmlite's versions and of :func:`kernel_sources`, naming the
+    folder of :func:`cache_dir` the kernels are cached in: machine code compiled by another
+    compiler, or from other sources, is never loaded.
 
     Examples
     --------
@@ -74,19 +107,65 @@ def sources_key() -> str:
     16
     """
     digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
+    if _NUMBA:
+        import llvmlite
+        import numba
+
+        digest.update(f"numba {numba.__version__} llvmlite {llvmlite.__version__}".encode())
+    for path in kernel_sources():
+        digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
+def _cache_folder() -> Path:
+    return cache_dir() / sources_key()
+
+
+@functools.cache
+def _kernel_cache() -> type:
+    """numba's function cache, located in :func:`_cache_folder` whatever the source file's
+    path, with :func:`sources_key` as the sources' stamp."""
+    from numba.core import caching
+
+    class Locator(caching._CacheLocator):
+        def __init__(self, path: Path) -> None:
+            self._path = str(path)
+
+        def get_cache_path(self) -> str:
+            return self._path
+
+        def get_source_stamp(self) -> str:
+            return sources_key()
+
+        def get_disambiguator(self) -> str:
+            return "kernel"
+
+        @classmethod
+        def from_function(cls, py_func: Any, py_file: str) -> Locator | None:
+            locator = cls(_cache_folder())
+            try:
+                locator.ensure_cache_path()
+            except OSError:  # not writable: no cache, the kernel compiles in every process
+                return None
+            return locator
+
+    class Impl(caching.CompileResultCacheImpl):
+        _locator_classes = [Locator]  # type: ignore[list-item]  # noqa: RUF012
+
+    class KernelCache(caching.FunctionCache):
+        _impl_class = Impl
+
+    return KernelCache
+
+
 def njit(function: Callable[..., Any] | None = None, **options: Any) -> Any:
-    """``numba.njit(cache=True, nogil=True, error_model="numpy", **options)`` caching into
+    """``numba.njit(nogil=True, error_model="numpy", **options)`` caching into
     :func:`cache_dir` (its folder :func:`sources_key`): a float division by zero gives an
     infinity or NaN, as in PyTorch, not an exception.
 
-    Usable bare (``@njit``) or with options (``@njit(parallel=True)``). numba reads its
-    cache directory when a function is decorated, so it is set for that moment only; where
-    no cache directory can be written, the function is compiled in each process instead.
+    Usable bare (``@njit``) or with options (``@njit(parallel=True)``). Where no cache
+    directory can be written, the function is compiled in each process instead.
     """
     if function is None:
         return lambda f: njit(f, **options)
@@ -94,14 +173,10 @@ def njit(function: Callable[..., Any] | None = None, **options: Any) -> Any:
         return function
     import numba
 
-    previous = getattr(numba.config, "CACHE_DIR", "")
-    setattr(numba.config, "CACHE_DIR", str(cache_dir() / sources_key()))  # noqa: B010
-    try:
-        return numba.njit(cache=True, nogil=True, error_model="numpy", **options)(function)
-    except RuntimeError:  # no writable cache directory: compile in every process instead
-        return numba.njit(nogil=True, error_model="numpy", **options)(function)
-    finally:
-        setattr(numba.config, "CACHE_DIR", previous)  # noqa: B010
+    dispatcher = numba.njit(nogil=True, error_model="numpy", **options)(function)
+    with contextlib.suppress(RuntimeError):  # no locator: the cache cannot be written
+        dispatcher._cache = _kernel_cache()(dispatcher.py_func)
+    return dispatcher
 
 
 def serial(kernel: Any) -> Any:
@@ -139,41 +214,112 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def on_warm_up(warmer: Callable[[], None]) -> Callable[[], None]:
-    """Register ``warmer`` (a call of kernels on tiny inputs) to run in :func:`warm_up`."""
-    _warmers.append(warmer)
-    return warmer
+def _marker() -> Path:
+    """The file :func:`warm_up` leaves once every kernel is in the cache."""
+    return _cache_folder() / "complete"
 
 
-def _warm_all() -> None:
+def _announce(stream: TextIO, text: str, *, end: str = "\n") -> None:
+    stream.write(text + end)
+    stream.flush()
+
+
+def _compile_all(stream: TextIO) -> None:
+    """Run every kernel module's ``warm()``, with a notice on ``stream`` unless the cache
+    already holds their machine code (a counter on a terminal)."""
+    loud = not _marker().exists()
+    terminal = loud and stream.isatty()
+    notice = "specsample: compiling the CPU kernels for this machine, once (about a minute)"
+    started = time.perf_counter()
+    if loud:
+        _announce(stream, notice if terminal else f"{notice}...", end="" if terminal else "\n")
+    for done, name in enumerate(_KERNELS, start=1):
+        importlib.import_module(f"specsample.native.{name}").warm()
+        if terminal:
+            _announce(stream, f"\r{notice}: {done}/{len(_KERNELS)}", end="")
+    if loud:
+        seconds = time.perf_counter() - started
+        _announce(stream, f" done in {seconds:.0f} s" if terminal else
+                  f"specsample: CPU kernels compiled in {seconds:.0f} s")  # fmt: skip
+    with contextlib.suppress(OSError):  # a cache that cannot be written: compiled again
+        _marker().touch()
+
+
+def warm_up(stream: TextIO | None = None) -> bool:
+    """Compile (or load from the cache) every kernel on the calling thread, once per
+    process; other threads asking meanwhile wait for it. Announced on ``stream`` (standard
+    error by default) when it compiles.
+
+    Returns
+    -------
+    bool
+        Whether the kernels are ready (``False`` without numba, or if a compilation failed:
+        then a :class:`RuntimeWarning` says why and the PyTorch code runs instead).
+    """
+    if not _NUMBA:
+        return False
+    with _warmed:
+        if not _state["done"]:
+            try:
+                with _keeping_threads():
+                    _start_pool()
+                    _compile_all(sys.stderr if stream is None else stream)
+                threads()
+                _state["compiled"] = True
+            except Exception as error:  # a failed compilation leaves the PyTorch code in charge
+                warnings.warn(
+                    f"specsample: the fused CPU kernels did not compile ({error}); using PyTorch",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            finally:
+                _state["done"] = True
+    return _state["compiled"]
+
+
+def ready() -> bool:
+    """Whether the kernels can run: numba is installed and they are compiled. The first call
+    warms them up (:func:`warm_up`, in the foreground, announced if it compiles).
+
+    Examples
+    --------
+    >>> ready() == available()
+    True
+    """
+    if _state["done"] or not _NUMBA:
+        return _NUMBA and _state["compiled"]
+    return warm_up()
+
+
+@contextlib.contextmanager
+def _keeping_threads() -> Iterator[None]:
+    """Restore PyTorch's thread count on the calling thread after the block: starting
+    numba's OpenMP thread pool (which compiling or loading a parallel kernel does too) sets
+    the calling thread's OpenMP count, which is PyTorch's, to numba's."""
+    before = torch.get_num_threads()
     try:
-        for warmer in _warmers:
-            warmer()
-        _compiled.set()
-    except Exception as error:  # a failed compilation leaves the PyTorch code in charge
-        warnings.warn(
-            f"specsample: the fused CPU kernels did not compile ({error}); using PyTorch",
-            RuntimeWarning,
-            stacklevel=1,
-        )
+        yield
     finally:
-        _done.set()
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
-def warm_up(*, wait: bool = False) -> None:
-    """Compile (or load) every kernel on a background thread, once; ``wait`` joins it."""
-    with _started:
-        if not _thread:
-            _thread.append(threading.Thread(target=_warm_all, name="specsample-jit", daemon=True))
-            _thread[0].start()
-    if wait:
-        _thread[0].join()
+def _start_pool() -> None:
+    """Start numba's thread pool, once, leaving PyTorch's thread count as it was."""
+    with _pool:
+        if not _pool_started:
+            import numba
+
+            with _keeping_threads():
+                numba.get_num_threads()
+            _pool_started.append(True)
 
 
 def threads() -> int:
-    """How many threads a parallel kernel may share: numba's count, capped by PyTorch's
+    """How many threads a parallel kernel may share: PyTorch's count, at most numba's pool
     (``torch.set_num_threads(1)`` keeps every kernel on the calling thread); 1 without
-    numba.
+    numba. numba's count on the calling thread is set to it, so a parallel kernel started
+    next uses no more.
 
     Examples
     --------
@@ -184,19 +330,25 @@ def threads() -> int:
         return 1
     import numba
 
-    return max(1, min(int(numba.get_num_threads()), torch.get_num_threads()))
+    wanted = torch.get_num_threads()
+    if not _pool_started:
+        _start_pool()
+    count = max(1, min(wanted, int(getattr(numba.config, "NUMBA_NUM_THREADS"))))  # noqa: B009
+    if numba.get_num_threads() != count:
+        numba.set_num_threads(count)
+    return count
 
 
 def runs_on(tensor: torch.Tensor) -> bool:
     """Whether a kernel may take this tensor now: a CPU tensor, in a call that is not being
     recorded (neither traced by :func:`torch.compile` nor under a dispatch mode such as
     ``make_fx`` or fake tensors, which must see PyTorch operations, not a kernel's result
-    baked in as a constant), and the kernels compiled (:func:`ready`).
+    baked in as a constant), and the kernels compiled (:func:`ready`, which compiles them
+    on first use).
 
     Examples
     --------
     >>> import torch
-    >>> warm_up(wait=True)
     >>> runs_on(torch.zeros(1)) == available()
     True
     """
@@ -206,20 +358,3 @@ def runs_on(tensor: torch.Tensor) -> bool:
         and not is_in_torch_dispatch_mode()
         and ready()
     )
-
-
-def ready() -> bool:
-    """Whether the kernels are compiled; the first call starts :func:`warm_up`.
-
-    Examples
-    --------
-    >>> warm_up(wait=True)
-    >>> ready() == available()
-    True
-    """
-    if not _NUMBA:
-        return False
-    if _done.is_set():
-        return _compiled.is_set()
-    warm_up()
-    return False

@@ -446,3 +446,27 @@ def chain_logits(
 
 chain_logits_serial = serial(chain_logits)
 """The serial twin of :func:`chain_logits`."""
+
+
+def warm() -> None:
+    """Compile the logits kernels for contiguous float32 logits, with each kind of draft
+    rows (float32 or float64 probabilities, float32 logits, none), then freeze them."""
+    logits = np.zeros((2, 4), np.float32)
+    stats = np.zeros((4, 2), np.float32)
+    argmax = np.zeros(2, np.int64)
+    layout = np.array([[1], [0], [0], [0], [-1]], np.int64)
+    fill_norms(logits, stats, argmax)
+    fill_norms.disable_compile()
+    for stats_kernel in (row_stats, row_stats_serial):
+        for top_k, limits in ((np.zeros(0, np.int64), np.zeros((2, 0), np.float32)),
+                              (np.ones(2, np.int64), np.zeros((2, 2), np.float32))):  # fmt: skip
+            stats_kernel(logits, stats, argmax, True, top_k, limits, np.zeros(0, np.bool_),
+                         np.zeros(2, np.bool_))  # fmt: skip
+        stats_kernel.disable_compile()
+    for chain in (chain_logits, chain_logits_serial):
+        for draft in (np.zeros((1, 4), np.float32), np.zeros((1, 4), np.float64)):
+            chain(
+                logits, stats, argmax, layout, np.zeros(1, np.int64), draft, stats,
+                np.full((1, 2), 0.5), False, np.zeros((1, 2), np.int64), np.zeros(1, np.int64), 2,
+            )  # fmt: skip
+        chain.disable_compile()
