@@ -1,27 +1,30 @@
 """Weight-only quantized linear layers (:mod:`specsample.adapter.quantize`) and the loop on them.
 
 Each format of PyTorch's products (bfloat16, int8, int4) applies ``bf16(bf16(x) @ W^T)``
-with ``W`` its own dequantized weight; each of integer dot products (int4a8, int8a8)
-applies ``W`` to the input with each group of 32 quantized to int8 (float32 scales kept
-exactly). Every format is bit for bit the same for a row alone or among others, and joined
-weights give each part's outputs bit for bit; quantizing from float stays within half a
-step (plus bfloat16's rounding of the scales). GGUF's ``Q4_0``, ``Q4_1`` and ``Q4_K``
-blocks, built here from random bytes, are read as the file's own integers with a scale and
-an offset per group of 32 that give the values :func:`~specsample.adapter.gguf_quants.
-dequantize` gives (float32 rounding apart); held as int4, only bfloat16's rounding of the
-scales and offsets separates them. A tiny GGUF file loads with its 4-bit tensors as int4
-(query and key rows in the model's order; as int4a8 and the ``Q8_0`` head as int8a8 where
-those are faster), and ``specsample generate`` keeps them so by default (``--quantize``).
-On quantized models the fused forward gives the model's own logits, and with int4, int8,
-int4a8 or int8a8 weights a block of rows gives bit for bit the logits of its rows fed one
-at a time; greedy speculative decoding gives target-only decoding's tokens (the shipped
-pair, int4 and int4a8), and sampled tokens follow the quantized target's law (chi-square,
-as ``tests/test_generate.py`` tests the float models, int4 and int4a8).
+with ``W`` its own dequantized weight; each of integer dot products (int4a8, int8a8) applies
+``W`` to the input with each group of 32 quantized to int8 (float32 scales kept exactly),
+the same float32 values whatever PyTorch's default dtype and the rows' dtype and layout, and
+without numba says so before importing its kernels. Every format is bit for bit the same for
+a row alone or among others, and joined weights give each part's outputs bit for bit;
+quantizing from float stays within half a step (plus bfloat16's rounding of the scales).
+GGUF's ``Q4_0``, ``Q4_1`` and ``Q4_K`` blocks, built here from random bytes, are read as the
+file's own integers with a scale and an offset per group of 32 that give the values
+:func:`~specsample.adapter.gguf_quants.dequantize` gives (float32 rounding apart); held as
+int4, only bfloat16's rounding of the scales and offsets separates them. A tiny GGUF file
+loads with its 4-bit tensors as int4 (query and key rows in the model's order; as int4a8 and
+the ``Q8_0`` head as int8a8 where those are faster), and ``specsample generate`` keeps them
+so by default (``--quantize``). On quantized models the fused forward gives the model's own
+logits, and with int4, int8, int4a8 or int8a8 weights a block of rows gives bit for bit the
+logits of its rows fed one at a time; greedy speculative decoding gives target-only
+decoding's tokens (the shipped pair, int4 and int4a8), and sampled tokens follow the
+quantized target's law (chi-square, as ``tests/test_generate.py`` tests the float models,
+int4 and int4a8).
 """
 
 from __future__ import annotations
 
 import copy
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,7 @@ from specsample.adapter.dot_weights import (  # noqa: E402
     Int4Int8Weight,
     Int8Int8Weight,
     dot_products,
+    int4_format,
 )
 from specsample.adapter.gguf_quants import FORMATS as GGML_FORMATS  # noqa: E402
 from specsample.adapter.gguf_quants import dequantize, int4_groups  # noqa: E402
@@ -132,6 +136,36 @@ def test_dot_product_formats_keep_float32_scales() -> None:
         <= 1e-7
     )
     assert eights.nbytes == 32 * 64 + 32 * 2 * 4 and weight.nbytes == 32 * 32 + 2 * 32 * 2 * 4
+
+
+@needs_numba
+@pytest.mark.parametrize("format", DOT_FORMATS)
+def test_dot_product_formats_ignore_the_default_dtype_and_the_rows_layout(format: str) -> None:
+    w, x = _weight(48, 64), _input(3, 64)
+    expected = quantize_weight(w, format)(x)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        weight = quantize_weight(w, format)
+        got = weight(x)
+        strided = weight._matmul(x.double().T.contiguous().T)
+    finally:
+        torch.set_default_dtype(previous)
+    assert got.dtype == torch.float32 and torch.equal(got, expected)
+    assert strided.dtype == torch.float32 and torch.equal(strided, expected)
+
+
+def test_dot_product_formats_without_numba_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    import specsample.native
+
+    monkeypatch.setattr(jit, "available", lambda: False)
+    monkeypatch.delattr(specsample.native, "dots", raising=False)
+    monkeypatch.setitem(sys.modules, "specsample.native.dots", None)
+    with pytest.raises(RuntimeError, match="int4a8 weights need numba"):
+        Int4Int8Weight.from_float(_weight(16, 32))
+    with pytest.raises(RuntimeError, match="int8a8 weights need numba"):
+        Int8Int8Weight(torch.zeros(16, 32, dtype=torch.int8), torch.ones(16, 1))
+    assert not dot_products() and int4_format() == "int4"
 
 
 @pytest.mark.parametrize("format", ALL_FORMATS)

@@ -115,12 +115,14 @@ def test_each_row_is_computed_alone() -> None:
 
 
 def _one_group(intrinsic: Any) -> Any:
-    """A kernel calling ``intrinsic`` (int4 terms) once, compiled here, uncached."""
+    """A kernel calling ``intrinsic`` (int4 terms) once, on the first group of each address,
+    compiled here, uncached."""
     import numba
 
     @numba.njit
     def run(weights: int, activations: int, scales: int, offsets: int, out: int) -> None:
-        intrinsic(weights, activations, scales, offsets, 0, out, np.float32(0.5), np.int32(3), True)
+        d, t = np.float32(0.5), np.int32(3)
+        intrinsic(weights, 0, activations, 0, scales, offsets, 0, out, 0, d, t, True)
 
     return run
 

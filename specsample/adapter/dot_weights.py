@@ -17,6 +17,7 @@ faster formats on this machine.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import ModuleType
 
 import torch
 
@@ -29,6 +30,7 @@ from specsample.adapter.weight_formats import (
     int4_values,
     same_format,
 )
+from specsample.native import jit
 
 
 def dot_products() -> bool:
@@ -41,8 +43,6 @@ def dot_products() -> bool:
     >>> isinstance(dot_products(), bool)
     True
     """
-    from specsample.native import jit
-
     if not jit.available():
         return False
     from specsample.native import dots
@@ -102,16 +102,14 @@ class Int4Int8Weight(QuantizedWeight):
     group = GROUP_SIZE
 
     def __init__(self, integers: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> None:
-        from specsample.native import dots
-
-        _need_numba(self.format)
+        dots = _dots(self.format)
         check_int4(integers, scales, offsets, GROUP_SIZE)
         self.out_features, self.in_features = integers.shape
         pad = -self.out_features % dots.CHANNELS
         padded = torch.nn.functional.pad(integers.to(torch.uint8), (0, 0, 0, pad), value=8)
         self.packed = torch.from_numpy(dots.pack(padded.numpy()))
-        self.scales = _channel_blocks(scales, pad)
-        self.offsets = _channel_blocks(offsets, pad)
+        self.scales = _channel_blocks(scales, pad, dots.CHANNELS)
+        self.offsets = _channel_blocks(offsets, pad, dots.CHANNELS)
 
     @classmethod
     def from_float(cls, weight: torch.Tensor) -> Int4Int8Weight:
@@ -135,8 +133,7 @@ class Int4Int8Weight(QuantizedWeight):
 
     def integers(self) -> torch.Tensor:
         """``q``, ``[out_features, in_features]`` int32 in ``0..15``."""
-        from specsample.native import dots
-
+        dots = _dots(self.format)
         unpacked = torch.from_numpy(dots.unpack(self.packed.numpy()))
         return unpacked[: self.out_features].to(torch.int32)
 
@@ -153,8 +150,7 @@ class Int4Int8Weight(QuantizedWeight):
 
     @classmethod
     def join(cls, parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
-        from specsample.native import dots
-
+        dots = _dots(cls.format)
         pieces = [same_format(part, cls) for part in parts]
         if all(part.out_features % dots.CHANNELS == 0 for part in pieces[:-1]):
             joined = object.__new__(cls)
@@ -196,9 +192,7 @@ class Int8Int8Weight(QuantizedWeight):
     dtype = torch.float32
 
     def __init__(self, integers: torch.Tensor, scales: torch.Tensor) -> None:
-        from specsample.native import dots
-
-        _need_numba(self.format)
+        dots = _dots(self.format)
         if integers.dtype != torch.int8 or integers.dim() != 2:
             raise TypeError(f"integers must be a 2-D int8 tensor, got {integers.dtype}")
         self.out_features, self.in_features = integers.shape
@@ -212,7 +206,7 @@ class Int8Int8Weight(QuantizedWeight):
         pad = -self.out_features % dots.CHANNELS
         padded = torch.nn.functional.pad(integers, (0, 0, 0, pad))
         self.packed = torch.from_numpy(dots.pack8(padded.numpy()))
-        self.scales = _channel_blocks(scales, pad)
+        self.scales = _channel_blocks(scales, pad, dots.CHANNELS)
 
     @classmethod
     def from_float(cls, weight: torch.Tensor) -> Int8Int8Weight:
@@ -243,9 +237,8 @@ class Int8Int8Weight(QuantizedWeight):
 
     def integers(self) -> torch.Tensor:
         """``q``, ``[out_features, in_features]`` int8."""
-        from specsample.native import dots
-
-        return torch.from_numpy(dots.unpack8(self.packed.numpy()))[: self.out_features]
+        unpacked = _dots(self.format).unpack8(self.packed.numpy())
+        return torch.from_numpy(unpacked)[: self.out_features]
 
     def dequantize(self) -> torch.Tensor:
         steps = self.integers().to(torch.float32).reshape(self.out_features, -1, GROUP_SIZE)
@@ -266,20 +259,25 @@ class Int8Int8Weight(QuantizedWeight):
         )
 
 
-def _need_numba(format: str) -> None:
-    from specsample.native import jit
-
+def _dots(format: str) -> ModuleType:
+    """:mod:`specsample.native.dots`, imported once numba is known to be installed (without
+    it, a :class:`RuntimeError` that says so: the module cannot be imported then) and its
+    kernels compiled: the first call compiles every CPU kernel, announced, or loads them
+    (:func:`specsample.native.jit.ready`), so that no product compiles behind its caller."""
     if not jit.available():
         raise RuntimeError(f"{format} weights need numba: pip install 'specsample[cpu]'")
-
-
-def _channel_blocks(values: torch.Tensor, pad: int) -> torch.Tensor:
-    """``[out, groups]`` per-group values as the dot-product kernels read them: float32
-    ``[(out + pad) // 16, groups, 16]`` (``pad`` zero rows added)."""
+    if not jit.ready():
+        raise RuntimeError(f"{format} weights need the CPU kernels, which did not compile")
     from specsample.native import dots
 
+    return dots
+
+
+def _channel_blocks(values: torch.Tensor, pad: int, channels: int) -> torch.Tensor:
+    """``[out, groups]`` per-group values as the dot-product kernels read them: float32
+    ``[(out + pad) // channels, groups, channels]`` (``pad`` zero rows added)."""
     padded = torch.nn.functional.pad(values.detach().to(torch.float32), (0, 0, 0, pad))
-    return padded.reshape(-1, dots.CHANNELS, values.shape[1]).transpose(1, 2).contiguous()
+    return padded.reshape(-1, channels, values.shape[1]).transpose(1, 2).contiguous()
 
 
 def _channels(blocks: torch.Tensor, out_features: int) -> torch.Tensor:
@@ -294,14 +292,19 @@ def _dot_product(
 ) -> torch.Tensor:
     """``rows @ W^T`` by :func:`specsample.native.dots.int_product` (its serial twin where
     :func:`specsample.native.jit.threads` is 1) on the weights, scales and offsets
-    ``tensors`` (offsets ``None`` for int8 weights)."""
-    from specsample.native import dots, jit
+    ``tensors`` (offsets ``None`` for int8 weights): ``[rows, out_features]`` float32.
 
+    The kernel reads every tensor by its address: ``rows`` of another dtype or layout are
+    first made float32 and contiguous, and the result is made like them (float32), not of
+    PyTorch's default dtype."""
+    dots = _dots(weight.format)
     if not rows.is_cpu:
         raise ValueError(f"{weight.format} weights run on the CPU, got x on {rows.device}")
+    if rows.dtype != torch.float32 or not rows.is_contiguous():
+        rows = rows.to(torch.float32).contiguous()
     packed, scales, offsets = tensors
     blocks = packed.shape[0]
-    out = torch.empty(rows.shape[0], blocks * dots.CHANNELS)
+    out = rows.new_empty(rows.shape[0], blocks * dots.CHANNELS)
     codes = torch.empty(rows.numel(), dtype=torch.int8)
     kernel = dots.int_product_serial if jit.threads() == 1 else dots.int_product
     kernel(

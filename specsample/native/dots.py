@@ -34,9 +34,14 @@ weights take 512 bytes, in eight parts of four inputs (:func:`pack8`).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from specsample.native.jit import njit, prange, serial
 from specsample.native.memory import load, store
@@ -48,7 +53,9 @@ GROUP = 32
 """Inputs per group: one scale and offset of the weights, one scale of the activations."""
 
 _INT4_BYTES = CHANNELS * GROUP // 2
+"""Bytes of a group of int4 weights in the layout (uint8 elements)."""
 _INT8_BYTES = CHANNELS * GROUP
+"""Bytes of a group of int8 weights in the layout (uint8 elements)."""
 
 
 @functools.cache
@@ -65,6 +72,132 @@ def fast() -> bool:
     return bool(llvmlite.binding.get_host_cpu_features().get("avx512vnni", False))
 
 
+_BYTE, _WORD, _SINGLE = ir.IntType(8), ir.IntType(32), ir.FloatType()
+_BYTES64 = ir.VectorType(_BYTE, 64)
+_WORDS16 = ir.VectorType(_WORD, CHANNELS)
+_FLOATS16 = ir.VectorType(_SINGLE, CHANNELS)
+_ZEROS = ir.Constant(_WORDS16, [0] * CHANNELS)
+_SIZES = {_BYTE: 1, _SINGLE: 4}
+"""Bytes of the elements the intrinsic addresses: int8 and uint8, float32."""
+
+
+def _splat(builder: ir.IRBuilder, value: ir.Value, vector: ir.VectorType) -> ir.Value:
+    """``value`` in each of the 16 lanes of ``vector``."""
+    one = builder.insert_element(ir.Constant(vector, None), value, ir.Constant(_WORD, 0))
+    return builder.shuffle_vector(one, ir.Constant(vector, None), _ZEROS)
+
+
+def _pointer_to(
+    builder: ir.IRBuilder, kind: ir.Type, element: ir.Type, address: ir.Value, at: ir.Value
+) -> ir.Value:
+    """LLVM's pointer to values of type ``kind`` (vectors, or four bytes as one ``i32``) from
+    the element ``at`` (of type ``element``, a byte or a float32) past ``address``.
+
+    The address is summed as an integer, ``address + at * size``, not by a
+    ``getelementptr`` as :mod:`specsample.native.memory` does: with a ``getelementptr``,
+    LLVM unrolls the int8 product's loop twice, and a row takes a few percent longer."""
+    size = ir.Constant(at.type, _SIZES[element])
+    return builder.inttoptr(builder.add(address, builder.mul(at, size)), kind.as_pointer())
+
+
+def _dot(
+    builder: ir.IRBuilder, sums: ir.Value, unsigned: ir.Value, signed: ir.Value, vnni: bool
+) -> ir.Value:
+    """``sums[c] += sum_t unsigned[4c + t] * signed[4c + t]`` over bytes (``<16 x i32>``
+    each), by ``vpdpbusd`` (``vnni``) or by plain vector arithmetic."""
+    if vnni:
+        kind = ir.FunctionType(_WORDS16, [_WORDS16] * 3)
+        vpdpbusd = cgutils.get_or_insert_function(
+            builder.module, kind, "llvm.x86.avx512.vpdpbusd.512"
+        )
+        return builder.call(vpdpbusd, [sums, unsigned, signed])
+    wide = ir.VectorType(_WORD, 64)
+    products = builder.mul(
+        builder.zext(builder.bitcast(unsigned, _BYTES64), wide),
+        builder.sext(builder.bitcast(signed, _BYTES64), wide),
+    )
+    for t in range(4):
+        lanes = ir.Constant(_WORDS16, [4 * c + t for c in range(CHANNELS)])
+        sums = builder.add(sums, builder.shuffle_vector(products, products, lanes))
+    return sums
+
+
+def _weight_parts(
+    builder: ir.IRBuilder, weights: ir.Value, at: ir.Value, four_bit: bool
+) -> list[ir.Value]:
+    """The group of weights laid out from element ``at`` of the uint8 ``weights``, as eight
+    parts of four inputs for the 16 channels (``<64 x i8>`` each; int4 weights unpacked from
+    four parts of 64 bytes: each part's low nibbles, then its high nibbles)."""
+    packed = _pointer_to(builder, _BYTES64, _BYTE, weights, at)
+    parts = [
+        builder.load(builder.gep(packed, [ir.Constant(_WORD, part)]), align=1)
+        for part in range((_INT4_BYTES if four_bit else _INT8_BYTES) // 64)
+    ]
+    if not four_bit:
+        return parts
+    low_mask, four = ir.Constant(_BYTES64, [15] * 64), ir.Constant(_BYTES64, [4] * 64)
+    return [
+        half for part in parts for half in (builder.and_(part, low_mask), builder.lshr(part, four))
+    ]
+
+
+def _integer_sums(
+    builder: ir.IRBuilder, parts: list[ir.Value], codes: ir.Value, at: ir.Value, vnni: bool
+) -> ir.Value:
+    """``sum_j w_j x8_j`` for each of the 16 channels (``<16 x i32>``): the weights' ``parts``
+    (unsigned) by the 32 int8 codes from element ``at`` past ``codes``, four codes a part
+    broadcast to every channel (signed)."""
+    inputs = _pointer_to(builder, _WORD, _BYTE, codes, at)
+    sums = _ZEROS
+    for part, block in enumerate(parts):
+        word = builder.gep(inputs, [ir.Constant(_WORD, part)])
+        four_inputs = _splat(builder, builder.load(word, align=1), _WORDS16)
+        sums = _dot(builder, sums, builder.bitcast(block, _WORDS16), four_inputs, vnni)
+    return sums
+
+
+def _scaled(builder: ir.IRBuilder, exact: ir.Value, scale: ir.Value, d: ir.Value) -> ir.Value:
+    """``float(exact) * (scale * d)``, 16 lanes."""
+    return builder.fmul(
+        builder.sitofp(exact, _FLOATS16), builder.fmul(scale, _splat(builder, d, _FLOATS16))
+    )
+
+
+def _accumulate(
+    builder: ir.IRBuilder, term: ir.Value, out: ir.Value, at: ir.Value, first: ir.Value
+) -> None:
+    """``out[at : at + 16] = term`` for the first group, else ``out[at : at + 16] += term``
+    (float32 elements)."""
+    target = _pointer_to(builder, _FLOATS16, _SINGLE, out, at)
+    with builder.if_else(first) as (then, otherwise):
+        with then:
+            builder.store(term, target, align=1)
+        with otherwise:
+            builder.store(builder.fadd(builder.load(target, align=1), term), target, align=1)
+
+
+def _group_codegen(vnni: bool, four_bit: bool) -> Callable[..., Any]:
+    """The code of :func:`group_intrinsic`'s intrinsic, for int4 weights (``four_bit``) or
+    int8 ones stored plus 128."""
+    shift = 8 if four_bit else 128
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        weights, w_at, codes, x_at, scales, offsets, s_at, out, o_at, d, t, first = args
+        parts = _weight_parts(builder, weights, w_at, four_bit)
+        sums = _integer_sums(builder, parts, codes, x_at, vnni)
+        shifted = _splat(builder, builder.mul(t, ir.Constant(_WORD, shift)), _WORDS16)
+        scale = builder.load(_pointer_to(builder, _FLOATS16, _SINGLE, scales, s_at), align=1)
+        term = _scaled(builder, builder.sub(sums, shifted), scale, d)
+        if four_bit:
+            d_t = builder.fmul(d, builder.sitofp(t, _SINGLE))
+            offset = builder.load(_pointer_to(builder, _FLOATS16, _SINGLE, offsets, s_at), align=1)
+            term = builder.fadd(term, builder.fmul(offset, _splat(builder, d_t, _FLOATS16)))
+        _accumulate(builder, term, out, o_at, first)
+        return context.get_dummy_value()
+
+    return codegen
+
+
 def group_intrinsic(vnni: bool) -> Any:
     """The numba intrinsic that adds one group's terms to 16 float32 accumulators, for int4
     weights (given their offsets) or int8 ones (offsets ``None``; numba compiles each case
@@ -75,113 +208,25 @@ def group_intrinsic(vnni: bool) -> Any:
     ones (int8 weights are stored plus 128, and ``128 t`` taken off the sum): with the
     broadcast in the unsigned operand, LLVM 20 gave wrong sums for all but the first
     channel, and spent minutes on a ``xor`` of it."""
-    from llvmlite import ir
-    from numba import types
-    from numba.core import cgutils
-    from numba.extending import intrinsic
-
-    byte, word, single = ir.IntType(8), ir.IntType(32), ir.FloatType()
-    bytes64, words16, floats16 = (
-        ir.VectorType(byte, 64),
-        ir.VectorType(word, 16),
-        ir.VectorType(single, 16),
-    )
-    zeros = ir.Constant(words16, [0] * CHANNELS)
-
-    def splat(builder, value, vector):  # type: ignore[no-untyped-def]
-        one = builder.insert_element(ir.Constant(vector, None), value, ir.Constant(word, 0))
-        return builder.shuffle_vector(one, ir.Constant(vector, None), zeros)
-
-    def dot(builder, sums, unsigned, signed):  # type: ignore[no-untyped-def]
-        """``sums[c] += sum_t unsigned[4c + t] * signed[4c + t]`` over bytes (``<16 x i32>``
-        each)."""
-        if vnni:
-            kind = ir.FunctionType(words16, [words16] * 3)
-            vpdpbusd = cgutils.get_or_insert_function(
-                builder.module, kind, "llvm.x86.avx512.vpdpbusd.512"
-            )
-            return builder.call(vpdpbusd, [sums, unsigned, signed])
-        wide = ir.VectorType(word, 64)
-        products = builder.mul(
-            builder.zext(builder.bitcast(unsigned, bytes64), wide),
-            builder.sext(builder.bitcast(signed, bytes64), wide),
-        )
-        for t in range(4):
-            lanes = ir.Constant(words16, [4 * c + t for c in range(CHANNELS)])
-            sums = builder.add(sums, builder.shuffle_vector(products, products, lanes))
-        return sums
-
-    def vector(builder, address, kind):  # type: ignore[no-untyped-def]
-        return builder.load(builder.inttoptr(address, kind.as_pointer()), align=1)
-
-    def accumulate(builder, term, out_at, first):  # type: ignore[no-untyped-def]
-        """``out[0:16] = term`` for the first group, else ``out[0:16] += term``."""
-        target = builder.inttoptr(out_at, floats16.as_pointer())
-        with builder.if_else(first) as (then, otherwise):
-            with then:
-                builder.store(term, target, align=1)
-            with otherwise:
-                builder.store(builder.fadd(builder.load(target, align=1), term), target, align=1)
-
-    def scaled(builder, exact, scale, d):  # type: ignore[no-untyped-def]
-        """``float(exact) * (scale * d)``, 16 lanes."""
-        return builder.fmul(
-            builder.sitofp(exact, floats16), builder.fmul(scale, splat(builder, d, floats16))
-        )
-
-    address, index = types.int64, types.int64
+    address = at = types.int64
 
     @intrinsic
-    def group_terms(typingctx, weights, activations, scales, offsets, at, out, d, t, first):  # type: ignore[no-untyped-def]
-        """``out[0:16] (+)= float(sum q x8 - 8 t) * (s * d) + z * (d * t)`` (int4 weights,
-        256 bytes a group) or ``float(sum (q + 128) x8 - 128 t) * (s * d)`` (int8 weights
-        stored plus 128, 512 bytes; ``offsets`` ``None``) for group ``at`` of the weights,
-        scales and offsets (16 float32 a group) from their addresses; ``activations`` (32
-        int8) and ``out`` (16 float32) by address."""
+    def group_terms(  # type: ignore[no-untyped-def]
+        typingctx, weights, w_at, codes, x_at, scales, offsets, s_at, out, o_at, d, t, first
+    ):
+        """``out[o_at : o_at + 16] (+)= float(sum q x8 - 8 t) * (s * d) + z * (d * t)`` (int4
+        weights) or ``float(sum (q + 128) x8 - 128 t) * (s * d)`` (int8 weights stored plus
+        128; ``offsets`` ``None``), the first group setting ``out``: for the group of
+        weights from element ``w_at`` of ``weights`` (uint8, 256 or 512 a group), the 32
+        codes from element ``x_at`` of ``codes`` (int8), the 16 scales and offsets from
+        element ``s_at`` of ``scales`` and ``offsets`` (float32), addresses and offsets in
+        elements as :mod:`specsample.native.memory` says."""
         four_bit = not isinstance(offsets, types.NoneType)
         signature = types.void(
-            address, address, address, offsets, index, address, types.float32, types.int32,
-            types.boolean,
+            address, at, address, at, address, offsets, at, address, at, types.float32,
+            types.int32, types.boolean,
         )  # fmt: skip
-        size, shift = (_INT4_BYTES, 8) if four_bit else (_INT8_BYTES, 128)
-
-        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-            w_base, x_at, s_base, z_base, group, out_at, d, t, first_group = args
-
-            def element(base, bytes_per_group):  # type: ignore[no-untyped-def]
-                return builder.add(
-                    base, builder.mul(group, ir.Constant(base.type, bytes_per_group))
-                )
-
-            packed = builder.inttoptr(element(w_base, size), bytes64.as_pointer())
-            blocks = [
-                builder.load(builder.gep(packed, [ir.Constant(word, part)]), align=1)
-                for part in range(size // 64)
-            ]
-            if four_bit:
-                low_mask, four = ir.Constant(bytes64, [15] * 64), ir.Constant(bytes64, [4] * 64)
-                blocks = [
-                    half
-                    for block in blocks
-                    for half in (builder.and_(block, low_mask), builder.lshr(block, four))
-                ]
-            inputs = builder.inttoptr(x_at, word.as_pointer())
-            sums = zeros
-            for part, block in enumerate(blocks):
-                at = builder.gep(inputs, [ir.Constant(word, part)])
-                four_inputs = splat(builder, builder.load(at, align=1), words16)
-                sums = dot(builder, sums, builder.bitcast(block, words16), four_inputs)
-            shifted = splat(builder, builder.mul(t, ir.Constant(word, shift)), words16)
-            scale = vector(builder, element(s_base, 4 * CHANNELS), floats16)
-            term = scaled(builder, builder.sub(sums, shifted), scale, d)
-            if four_bit:
-                d_t = builder.fmul(d, builder.sitofp(t, single))
-                offset = vector(builder, element(z_base, 4 * CHANNELS), floats16)
-                term = builder.fadd(term, builder.fmul(offset, splat(builder, d_t, floats16)))
-            accumulate(builder, term, out_at, first_group)
-            return context.get_dummy_value()
-
-        return signature, codegen
+        return signature, _group_codegen(vnni, four_bit)
 
     return group_terms
 
@@ -222,6 +267,13 @@ def _quantize_rows(x: int, rows: int, inputs: int, codes: int) -> tuple[np.ndarr
     return steps, totals
 
 
+@njit(inline="always")
+def _group_bytes(offsets: int | None) -> int:
+    """Bytes of a group of weights in the layout: int4 ones (``offsets`` given) or int8 ones.
+    Called in the loop of the product, where it is a constant."""
+    return _INT8_BYTES if offsets is None else _INT4_BYTES
+
+
 @njit(parallel=True)
 def int_product(
     x: int,
@@ -248,19 +300,13 @@ def int_product(
     steps, totals = _quantize_rows(x, rows, inputs, codes)
     for b in prange(blocks):
         for r in range(rows):
-            target = out + 4 * (r * blocks + b) * CHANNELS
             for g in range(groups):
+                at, x_at = b * groups + g, r * inputs + g * GROUP
                 _group_terms(
-                    weights,
-                    codes + r * inputs + g * GROUP,
-                    scales,
-                    offsets,
-                    b * groups + g,
-                    target,
-                    steps[r * groups + g],
-                    totals[r * groups + g],
-                    g == 0,
-                )
+                    weights, at * _group_bytes(offsets), codes, x_at, scales, offsets,
+                    at * CHANNELS, out, (r * blocks + b) * CHANNELS, steps[r * groups + g],
+                    totals[r * groups + g], g == 0,
+                )  # fmt: skip
 
 
 int_product_serial = serial(int_product)
@@ -344,3 +390,19 @@ def unpack(packed: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(both.transpose(0, 3, 1, 2, 5, 4)).reshape(
         blocks * CHANNELS, groups * GROUP
     )
+
+
+def warm() -> None:
+    """Compile :func:`int_product` and its serial twin for int4 and int8 weights, then
+    freeze them (every call is the same integer arguments to them)."""
+    x = np.zeros((1, GROUP), np.float32)
+    out = np.zeros((1, CHANNELS), np.float32)
+    codes = np.zeros(GROUP, np.int8)
+    scales = np.zeros((1, 1, CHANNELS), np.float32)
+    int4 = pack(np.zeros((CHANNELS, GROUP), np.uint8))
+    int8 = pack8(np.zeros((CHANNELS, GROUP), np.int8))
+    for kernel in (int_product, int_product_serial):
+        for weights, offsets in ((int4, scales.ctypes.data), (int8, None)):
+            kernel(x.ctypes.data, 1, GROUP, weights.ctypes.data, scales.ctypes.data, offsets, 1,
+                   out.ctypes.data, codes.ctypes.data)  # fmt: skip
+        kernel.disable_compile()

@@ -8,6 +8,13 @@ which numba's dispatcher types without touching NumPy. Inside the kernel, :func:
 one element, :func:`store` writes one, and :func:`row` makes an array of contiguous elements
 to read (whose loops vectorise).
 
+One unit for every kernel: an address is the bare address of a tensor's first element
+(``tensor.data_ptr()``, ``array.ctypes.data``), never moved by arithmetic; a place in that
+memory is an offset from it counted in elements of the memory's type, never in bytes.
+Element ``i`` of a float32 tensor is ``(address, i)``, not ``address + 4 i``; a block of
+elements is addressed by its first one. The intrinsics that read or write several elements
+at once (:func:`specsample.native.dots.group_intrinsic`) take the same pairs.
+
 The caller keeps the tensors alive for the call and passes a ``marker``, a scalar of the
 elements' type (``np.float32(0)``, ``np.int64(0)``, ``0.0`` for float64): it types the
 memory.
@@ -63,7 +70,8 @@ def load(address: int, offset: int, marker: float) -> float:
 def store(address: int, offset: int, value: float) -> None:
     """Write ``value`` ``offset`` elements of its type past ``address``. A kernel writes its
     outputs so, not through :func:`row`: numba's parallel loops drop writes into an array
-    made inside the loop and read nowhere after it."""
+    made inside the loop and read nowhere after it (``tests/test_native_workarounds.py``
+    checks that they still do)."""
     _store(address, offset, value)  # type: ignore[call-arg]
 
 
