@@ -15,6 +15,9 @@ from specsample.metadata import BatchLayout
 PROB_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 """Accepted dtypes of probability tensors."""
 
+ID_DTYPES = (torch.int64, torch.int32)
+"""Accepted dtypes of token id tensors."""
+
 SUM_TOLERANCE = {
     torch.float64: 1e-6,
     torch.float32: 1e-4,
@@ -30,7 +33,16 @@ def require_tensor(name: str, value: object) -> torch.Tensor:
     return value
 
 
-def _require_rank(name: str, value: torch.Tensor, rank: int, layout: str) -> None:
+def require_rank(name: str, value: torch.Tensor, rank: int, layout: str) -> None:
+    """Refuse a tensor of another rank (``ValueError`` naming it and its ``layout``).
+
+    Examples
+    --------
+    >>> require_rank("target_logits", torch.zeros(3), 2, "[rows, vocab]")
+    Traceback (most recent call last):
+    ...
+    ValueError: target_logits must have shape [rows, vocab], got (3,)
+    """
     if value.dim() != rank:
         raise ValueError(f"{name} must have shape {layout}, got {tuple(value.shape)}")
 
@@ -67,9 +79,9 @@ def check_chain_inputs(
     bonus = require_tensor("bonus_token_ids", bonus_token_ids)
     draft = require_tensor("draft_probs", draft_probs)
     ids = require_tensor("draft_token_ids", draft_token_ids)
-    _require_rank(target_name, target, 3, "[batch, k, vocab]")
-    _require_rank("draft_probs", draft, 3, "[batch, k, vocab]")
-    _require_rank("draft_token_ids", ids, 2, "[batch, k]")
+    require_rank(target_name, target, 3, "[batch, k, vocab]")
+    require_rank("draft_probs", draft, 3, "[batch, k, vocab]")
+    require_rank("draft_token_ids", ids, 2, "[batch, k]")
     batch, k, vocab = target.shape
     if vocab == 0:
         raise ValueError(f"{target_name} must have a non-empty vocabulary dimension")
@@ -113,15 +125,34 @@ def _check_ids(name: str, ids: torch.Tensor, vocab: int) -> None:
         raise ValueError(f"{name} must lie in [0, {vocab}), found {bad}")
 
 
-def _check_probs(name: str, probs: torch.Tensor) -> None:
+def check_prob_values(name: str, probs: torch.Tensor, summed: torch.Tensor | None = None) -> None:
+    """Strict-mode check of probability rows ``[..., vocab]`` (synchronises).
+
+    Every value must be finite and non-negative, and every row sum to 1 within
+    :data:`SUM_TOLERANCE`; ``summed``, a bool mask over the leading dimensions, limits the
+    sum check to the rows it marks (the others need not be distributions).
+
+    Examples
+    --------
+    >>> check_prob_values("draft_probs", torch.tensor([[0.5, -0.5]]))
+    Traceback (most recent call last):
+    ...
+    ValueError: draft_probs contains negative values
+    >>> check_prob_values("draft_probs", torch.zeros(2, 3), torch.tensor([False, False]))
+    """
     if not probs.numel():
         return
     if not bool(torch.isfinite(probs).all()):
         raise ValueError(f"{name} contains non-finite values")
     if bool((probs < 0).any()):
         raise ValueError(f"{name} contains negative values")
+    sums = probs.sum(dim=-1, dtype=torch.float64)
+    if summed is not None:
+        sums = sums[summed]
+    if not sums.numel():
+        return
     tolerance = SUM_TOLERANCE[probs.dtype]
-    error = (probs.sum(dim=-1, dtype=torch.float64) - 1.0).abs().max().item()
+    error = (sums - 1.0).abs().max().item()
     if error > tolerance:
         raise ValueError(
             f"{name} rows must sum to 1 within {tolerance:g} ({probs.dtype}), "
@@ -160,9 +191,9 @@ def check_chain_values(
     vocab = target_probs.shape[-1]
     _check_ids("draft_token_ids", draft_token_ids, vocab)
     _check_ids("bonus_token_ids", bonus_token_ids, vocab)
-    _check_probs(target_name, target_probs)
+    check_prob_values(target_name, target_probs)
     if draft_probs is not None:
-        _check_probs("draft_probs", draft_probs)
+        check_prob_values("draft_probs", draft_probs)
 
 
 def check_logits_tensors(target_logits: torch.Tensor, draft_token_ids: torch.Tensor) -> None:
@@ -175,26 +206,48 @@ def check_logits_tensors(target_logits: torch.Tensor, draft_token_ids: torch.Ten
     ...
     ValueError: target_logits must have a non-empty vocabulary dimension, got shape (3, 0)
     """
-    if target_logits.dim() != 2:
+    require_rank("target_logits", target_logits, 2, "[rows, vocab]")
+    check_vocab_rows("target_logits", target_logits)
+    check_token_ids("draft_token_ids", draft_token_ids, 1, "1-D")
+    check_same_device("draft_token_ids", draft_token_ids, target_logits)
+
+
+def check_vocab_rows(name: str, rows: torch.Tensor) -> None:
+    """Refuse logits or probabilities ``[..., vocab]`` of a dtype other than :data:`PROB_DTYPES`
+    (``TypeError``) or with no vocabulary (``ValueError``); both messages name ``name``.
+
+    Examples
+    --------
+    >>> check_vocab_rows("target_logits", torch.zeros(2, 3, dtype=torch.int64))
+    Traceback (most recent call last):
+    ...
+    TypeError: target_logits must be float32, float16, bfloat16 or float64, got torch.int64
+    """
+    if rows.dtype not in PROB_DTYPES:
+        raise TypeError(f"{name} must be float32, float16, bfloat16 or float64, got {rows.dtype}")
+    if rows.shape[-1] == 0:
         raise ValueError(
-            f"target_logits must have shape [rows, vocab], got {tuple(target_logits.shape)}"
+            f"{name} must have a non-empty vocabulary dimension, got shape {tuple(rows.shape)}"
         )
-    if target_logits.dtype not in PROB_DTYPES:
+
+
+def check_token_ids(name: str, ids: torch.Tensor, rank: int, layout: str) -> None:
+    """Refuse token ids that are not an int64 or int32 tensor of ``rank`` dimensions.
+
+    ``layout`` says the expected shape in the message.
+
+    Examples
+    --------
+    >>> check_token_ids("ids", torch.zeros(3), 1, "1-D")
+    Traceback (most recent call last):
+    ...
+    TypeError: ids must be a 1-D int64 or int32 tensor, got torch.float32 of shape (3,)
+    """
+    if ids.dim() != rank or ids.dtype not in ID_DTYPES:
         raise TypeError(
-            "target_logits must be float32, float16, bfloat16 or float64, "
-            f"got {target_logits.dtype}"
+            f"{name} must be a {layout} int64 or int32 tensor, got {ids.dtype} "
+            f"of shape {tuple(ids.shape)}"
         )
-    if target_logits.shape[1] == 0:
-        raise ValueError(
-            "target_logits must have a non-empty vocabulary dimension, "
-            f"got shape {tuple(target_logits.shape)}"
-        )
-    if draft_token_ids.dim() != 1 or draft_token_ids.dtype not in (torch.int64, torch.int32):
-        raise TypeError(
-            f"draft_token_ids must be a 1-D int64 or int32 tensor, got {draft_token_ids.dtype} "
-            f"of shape {tuple(draft_token_ids.shape)}"
-        )
-    _same_device("draft_token_ids", draft_token_ids, target_logits)
 
 
 def check_logits_inputs(
@@ -223,17 +276,34 @@ def check_logits_inputs(
         )
     if draft_rows is None:
         return None
-    draft = require_tensor(draft_name, draft_rows)
-    if draft.shape != (total, vocab):
-        raise ValueError(
-            f"{draft_name} must have shape {(total, vocab)} [total_drafts, vocab], "
-            f"got {tuple(draft.shape)}"
-        )
-    _same_device(draft_name, draft, target_logits)
-    if draft.dtype not in PROB_DTYPES:
-        raise TypeError(
-            f"{draft_name} must be float32, float16, bfloat16 or float64, got {draft.dtype}"
-        )
+    return check_draft_rows(
+        draft_name, draft_rows, (total, vocab), "[total_drafts, vocab]", target_logits
+    )
+
+
+def check_draft_rows(
+    name: str,
+    rows: object,
+    shape: tuple[int, ...],
+    layout: str,
+    target_logits: torch.Tensor,
+) -> torch.Tensor:
+    """Draft probabilities or logits: a tensor of ``shape`` (whose dimensions ``layout``
+    names in the message) on the device of ``target_logits``, of a dtype of :data:`PROB_DTYPES`.
+
+    Examples
+    --------
+    >>> check_draft_rows("draft_probs", torch.zeros(2, 4), (2, 3), "[total_drafts, vocab]",
+    ...                  torch.zeros(4, 3))
+    Traceback (most recent call last):
+    ...
+    ValueError: draft_probs must have shape (2, 3) [total_drafts, vocab], got (2, 4)
+    """
+    draft = require_tensor(name, rows)
+    if draft.shape != shape:
+        raise ValueError(f"{name} must have shape {shape} {layout}, got {tuple(draft.shape)}")
+    check_same_device(name, draft, target_logits)
+    check_vocab_rows(name, draft)
     return draft
 
 
@@ -385,7 +455,8 @@ def check_uniform_values(uniforms: torch.Tensor | None) -> None:
         raise ValueError(f"uniforms must lie in [0, 1), got {float(uniforms[bad][0])}")
 
 
-def _same_device(name: str, tensor: torch.Tensor, target: torch.Tensor) -> None:
+def check_same_device(name: str, tensor: torch.Tensor, target: torch.Tensor) -> None:
+    """Refuse ``tensor`` when it is not on the device of ``target_logits`` (``ValueError``)."""
     if tensor.device != target.device:
         raise ValueError(f"{name} is on {tensor.device} but target_logits is on {target.device}")
 
@@ -403,13 +474,26 @@ def check_logits_values(
     hold no NaN.
     """
     vocab = target_logits.shape[-1]
-    if bool(torch.isnan(target_logits).any()):
-        raise ValueError("target_logits contains NaN")
+    check_not_nan("target_logits", target_logits)
     if draft_token_ids.numel() and bool(((draft_token_ids < 0) | (draft_token_ids >= vocab)).any()):
         raise ValueError(f"draft_token_ids must lie in [0, {vocab})")
     if draft_rows is None:
         return
     if draft_name == "draft_probs":
-        _check_probs(draft_name, draft_rows)
-    elif bool(torch.isnan(draft_rows).any()):
-        raise ValueError(f"{draft_name} contains NaN")
+        check_prob_values(draft_name, draft_rows)
+    else:
+        check_not_nan(draft_name, draft_rows)
+
+
+def check_not_nan(name: str, logits: torch.Tensor) -> None:
+    """Strict-mode check of logits: refuse NaN (infinities are allowed; synchronises).
+
+    Examples
+    --------
+    >>> check_not_nan("target_logits", torch.tensor([0.0, float("-inf"), float("nan")]))
+    Traceback (most recent call last):
+    ...
+    ValueError: target_logits contains NaN
+    """
+    if bool(torch.isnan(logits).any()):
+        raise ValueError(f"{name} contains NaN")

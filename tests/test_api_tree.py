@@ -5,9 +5,9 @@ Covers :mod:`specsample.api.tree` and the PyTorch backend's tree step
 
 It is the tree rules of :mod:`specsample.rules.tree` run through the pipeline and the
 backend seam on the processed target rows: the same tokens as the rule itself on the same
-seeds, the greedy walk for greedy batches, batch invariance of seeded requests, and the
-refusal of a rule that is not exact for how the tree was drafted. The rules' own
-distributions are tested statistically in ``tests/test_tree.py`` and
+seeds or the same given uniforms, the greedy walk for greedy batches, batch invariance of
+seeded requests, and the refusal of a rule that is not exact for how the tree was drafted.
+The rules' own distributions are tested statistically in ``tests/test_tree.py`` and
 ``tests/test_traversal.py``.
 """
 
@@ -165,3 +165,44 @@ def test_bounds_above_the_tree_cost_no_work() -> None:
     assert time.perf_counter() - start < 5.0
     tight = verify_tree(*args, max_depth=1, max_children=nodes - 1, temperature=0.0)
     assert out.path.shape == (2, 2) and torch.equal(huge.token_ids, tight.token_ids)
+
+
+@pytest.mark.parametrize("method", [None, "traversal"])
+def test_given_uniforms_replace_the_drawn_ones(method: str | None) -> None:
+    """As in :func:`specsample.verify`, ``uniforms`` are the step's numbers: the tokens are the
+    rule's on the same uniforms."""
+    tree = _tree(2, seed=5)
+    nodes = len(PARENTS)
+    columns = nodes if method == "traversal" else 2 * 2 + 1  # max_depth * max_children + 1
+    uniforms = torch.rand(
+        2, columns, dtype=torch.float64, generator=torch.Generator().manual_seed(8)
+    )
+    drafted: dict[str, Any] = {"drafting": "iid", "draft_probs": tree["draft_probs"]}
+    args = (tree["logits"], tree["ids"], tree["parents"])
+    out = verify_tree(*args, method=method, temperature=0.9, uniforms=uniforms, **drafted)
+    probs = processed_probs(tree["logits"].reshape(-1, VOCAB), torch.full((2 * nodes,), 0.9))
+    rule = traversal_verify if method == "traversal" else tree_verify
+    expected = rule(probs.view(2, nodes, VOCAB), *args[1:], uniforms=uniforms, **drafted)
+    for got, want in zip(out, expected, strict=True):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(("method", "columns"), [(None, 2 * 2 + 1), ("traversal", len(PARENTS))])
+def test_uniforms_a_greedy_batch_does_not_read_are_checked(
+    method: str | None, columns: int
+) -> None:
+    """As in :func:`specsample.verify`, misshapen uniforms are refused even when every request
+    is greedy; well-shaped ones leave the greedy walk as it is."""
+    tree = _tree(1, seed=6)
+    args = (tree["logits"], tree["ids"], tree["parents"])
+    greedy: dict[str, Any] = {
+        "method": method,
+        "temperature": 0.0,
+        "draft_probs": tree["draft_probs"],
+    }
+    with pytest.raises(ValueError, match=rf"^uniforms must have shape \(1, {columns}\)"):
+        verify_tree(*args, uniforms=torch.zeros(1, columns + 1, dtype=torch.float64), **greedy)
+    with pytest.raises(TypeError, match=r"^uniforms must be float64"):
+        verify_tree(*args, uniforms=torch.zeros(1, columns), **greedy)
+    out = verify_tree(*args, uniforms=torch.zeros(1, columns, dtype=torch.float64), **greedy)
+    assert torch.equal(out.token_ids, tree_verify_greedy(*args).token_ids)

@@ -4,11 +4,12 @@ Covers the shared validation of the verifiers, :mod:`specsample.checks` (strict 
 ``tests/test_strict.py``).
 
 One parameter per case (the reliability issue's cases, and the same gaps in neighbouring
-arguments) at ``verify``, ``verify_padded``, ``RejectionSampler`` and ``tree_verify``, strict
-and default. Each ``match`` holds the argument's name and what it allows. A wrong type or
-dtype is a ``TypeError``; a wrong value, shape or device a ``ValueError``. Values of tensors
-that may be on an accelerator are checked only in strict mode (tested apart, as are inputs
-that must be accepted).
+arguments) at ``verify``, ``verify_padded``, ``RejectionSampler``, ``tree_verify`` and
+``verify_tree``, strict and default; ``verify_tree`` refuses what ``verify`` refuses, with the
+same messages (the cases of ``SHARED`` run at both). Each ``match`` holds the argument's name
+and what it allows. A wrong type or dtype is a ``TypeError``; a wrong value, shape or device a
+``ValueError``. Values of tensors that may be on an accelerator are checked only in strict mode
+(tested apart, as are inputs that must be accepted).
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ from typing import Any
 import pytest
 import torch
 
-from specsample import RejectionSampler, TypicalAcceptanceSampler, metadata, verify, verify_padded
+from specsample import (
+    RejectionSampler,
+    TypicalAcceptanceSampler,
+    metadata,
+    verify,
+    verify_padded,
+    verify_tree,
+)
 from specsample.rules.block import block_verify
 from specsample.rules.chain import chain_verify
 from specsample.rules.tree import TreeVerifyResult, tree_verify
@@ -71,6 +79,11 @@ def _tree_args() -> dict[str, Any]:
     }
 
 
+def _verify_tree_args() -> dict[str, Any]:
+    tree = _tree_args()
+    return {"target_logits": tree.pop("target_probs").log(), **tree}
+
+
 def _tree_verify(**arguments: Any) -> TreeVerifyResult:
     """:func:`tree_verify` with its seeding built by the caller from seeds and generators."""
     randomness = {
@@ -92,6 +105,7 @@ def run(entry: str, strict: bool, /, **changes: Any) -> Any:
         "verify": (verify, _verify_args),
         "padded": (verify_padded, _padded_args),
         "tree": (_tree_verify, _tree_args),
+        "verify_tree": (verify_tree, _verify_tree_args),
     }
     call, args = calls[entry]
     return call(**{**args(), "strict": strict, **changes})
@@ -112,7 +126,7 @@ POSITION_INTS = r"entries must lie in \[0, 2\*\*40\)"
 def _seed_and_position_cases() -> list[Any]:
     """Seeds and positions: huge, strings, meta, floats; at the three kinds of entry point."""
     cases = []
-    for entry in ("verify", "sampler", "tree"):
+    for entry in ("verify", "sampler", "tree", "verify_tree"):
         for name, allowed in (("seeds", SEED_INTS), ("positions", POSITION_INTS)):
             for what, value, error, match in (
                 ("2**64", [2**64, 1], ValueError, f"{name} {allowed}"),
@@ -140,7 +154,7 @@ def _generator_cases() -> list[Any]:
     cases = []
     g = torch.Generator()
     entries = [("verify", "generators"), ("tree", "generators"), ("sampler", "seeded_seqs")]
-    for entry, name in entries:
+    for entry, name in [*entries, ("verify_tree", "generators")]:
         for what, value, error, match in (
             ("str key", {"a": g}, TypeError, f"{name} keys must be row indices"),
             ("float key", {0.5: g}, TypeError, f"{name} keys must be row indices"),
@@ -161,7 +175,9 @@ def _generator_cases() -> list[Any]:
 
 def _uniform_cases() -> list[Any]:
     cases = []
-    for entry, columns in (("verify", K + 1), ("sampler", K + 1), ("tree", 2 * 2 + 1)):
+    tree = 2 * 2 + 1  # max_depth * max_children + 1
+    widths = {"verify": K + 1, "sampler": K + 1, "tree": tree, "verify_tree": tree}
+    for entry, columns in widths.items():
         for what, value, error, match in (
             ("list", [0.5], TypeError, "uniforms must be a torch.Tensor"),
             ("float32", torch.zeros(B, columns), TypeError, "uniforms must be float64"),
@@ -181,6 +197,12 @@ AT_MOST = "a request may have at most 255 drafts"
 ON_META = "is on meta: give it on the CPU"
 VOCAB_0 = "must have a non-empty vocabulary dimension"
 NOT_INT = "must be an int or None"
+FLOATS = "must be float32, float16, bfloat16 or float64, got torch"
+IDS = "int64 or int32 tensor, got torch"
+TREE_IDS = r"must be a \[batch, nodes\] " + IDS
+ELSEWHERE = "is on meta but target_logits is on cpu"
+NODE_IDS = torch.zeros(B, NODES, dtype=torch.long)
+NODE_ROWS = r"must have shape \(2, 4, 5\) \[batch, nodes, vocab\], got \(2, 4, 6\)"
 OTHERS: dict[str, dict[str, Any]] = {
     "long": {"target_logits": torch.zeros(301, V), "draft_token_ids": torch.zeros(300).long()},
     "wide": {"target_probs": _probs(B, 256, V), "draft_probs": _probs(B, 256, V)},
@@ -208,28 +230,28 @@ ROWS: list[tuple[Any, ...]] = [
     ("verify", "num_draft_tokens", "2-D", torch.tensor([[K, K]]), VE, r"must have shape \[batch\]"),
     ("verify", "num_draft_tokens", "300", [300], VE, AT_MOST, "long"),
     ("verify", "target_logits", "vocab 0", torch.zeros(B * (K + 1), 0), VE, VOCAB_0),
+    ("verify", "target_logits", "int64", torch.zeros(B * (K + 1), V).long(), TE, FLOATS),
+    ("verify_tree", "target_logits", "vocab 0", torch.zeros(B, NODES, 0), VE, VOCAB_0),
+    ("verify_tree", "target_logits", "no node", torch.zeros(B, 0, V), VE, "needs at least one"),
+    ("verify_tree", "parents", "meta", torch.tensor([-1, 0, 0, 1]).to(META), VE, "is on meta"),
+    ("verify_tree", "target_logits", "int64", torch.zeros(B, NODES, V).long(), TE, FLOATS),
+    ("verify_tree", "target_logits", "bool", torch.zeros(B, NODES, V).bool(), TE, FLOATS),
+    ("verify_tree", "target_logits", "2-D", torch.zeros(B * NODES, V), VE, "must have shape"),
+    ("verify", "draft_token_ids", "int16", torch.zeros(B * K).short(), TE, "must be a 1-D " + IDS),
+    ("verify", "draft_token_ids", "meta", torch.zeros(B * K).long().to(META), VE, ELSEWHERE),
+    ("verify_tree", "draft_token_ids", "int16", NODE_IDS.short(), TE, TREE_IDS),
+    ("verify_tree", "draft_token_ids", "1-D", NODE_IDS.view(-1), TE, TREE_IDS),
+    ("verify_tree", "draft_token_ids", "meta", NODE_IDS.to(META), VE, ELSEWHERE),
+    ("verify_tree", "draft_token_ids", "list", [[0] * NODES] * B, TE, "must be a torch.Tensor"),
+    ("verify", "draft_probs", "int64", torch.zeros(B * K, V).long(), TE, FLOATS),
+    ("verify", "draft_probs", "meta", _probs(B * K, V).to(META), VE, ELSEWHERE),
+    ("verify_tree", "draft_probs", "vocab", _probs(B, NODES, V + 1), VE, NODE_ROWS),
+    ("verify_tree", "draft_probs", "int64", torch.zeros(B, NODES, V).long(), TE, FLOATS),
+    ("verify_tree", "draft_probs", "meta", _probs(B, NODES, V).to(META), VE, ELSEWHERE),
+    ("verify_tree", "draft_probs", "list", [[0.2] * V], TE, "must be a torch.Tensor"),
     ("padded", "target_logits", "vocab 0", torch.zeros(B, K + 1, 0), VE, VOCAB_0),
     ("sampler", "target_probs", "vocab 0", torch.zeros(B, K, 0), VE, VOCAB_0, "empty"),
     ("tree", "target_probs", "vocab 0", torch.zeros(B, NODES, 0), VE, "needs at least one"),
-    ("verify", "temperature", "None", [None, 1.0], TE, REAL),
-    ("verify", "temperature", "str", ["a", 1.0], TE, REAL),
-    ("verify", "temperature", "complex", [1j, 1.0], TE, REAL),
-    ("verify", "temperature", "bool", [True, 1.0], TE, REAL),
-    ("verify", "temperature", "nested", [[1.0], [1.0]], TE, REAL),
-    ("verify", "temperature", "string", "1.0", TE, "must be a number, a sequence or a tensor"),
-    ("verify", "temperature", "10**400", 10**400, VE, "must be finite and >= 0"),
-    ("verify", "temperature", "meta", torch.ones(B).to(META), VE, ON_META),
-    ("verify", "temperature", "shape", torch.ones(B, 1), VE, r"must be a scalar or have shape"),
-    ("verify", "top_k", "inf", math.inf, VE, TOP_K),
-    ("verify", "top_k", "nan", math.nan, VE, TOP_K),
-    ("verify", "top_k", "2**63", 2**63, VE, TOP_K),
-    ("verify", "top_k", "list 2**63", [2**63, 1], VE, TOP_K),
-    ("verify", "top_k", "list inf", [math.inf, 1], VE, TOP_K),
-    ("verify", "top_k", "1.5", 1.5, VE, TOP_K),
-    ("verify", "top_k", "float tensor", torch.tensor([2.0, 1.0]), TE, "must be an integer tensor"),
-    ("verify", "top_k", "meta", torch.ones(B).long().to(META), VE, ON_META),
-    ("verify", "top_p", "nan", math.nan, VE, r"must be in \(0, 1\]"),
-    ("verify", "min_p", "nan", math.nan, VE, r"must be in \[0, 1\]"),
     ("tree", "parents", "meta", torch.tensor([-1, 0, 0, 1]).to(META), VE, ON_META),
     ("tree", "parents", "meta, bounds", torch.zeros(4).long().to(META), VE, "is", "bounds"),
     ("padded", "draft_probs", "vocab", _probs(B, K, V + 1), VE, SHAPE + r"\(2, 3, 6\)"),
@@ -240,15 +262,7 @@ ROWS: list[tuple[Any, ...]] = [
     ("sampler", "draft_probs", "permuted", _probs(K, B, V), VE, r"must have shape \(2, 3, 5"),
     ("verify", "draft_probs", "flat", _probs(B * K * V), VE, r"must have shape \(6, 5\) \[total"),
     ("verify", "draft_probs", "list", [[0.2] * V], TE, "must be a torch.Tensor"),
-    (
-        "verify",
-        "draft_probs",
-        "and logits",
-        _probs(B * K, V),
-        VE,
-        "or draft_logits, not",
-        "+logits",
-    ),
+    ("verify", "draft_probs", "and logits", _probs(B * K, V), VE, "or draft_logits, no", "+logits"),
     ("verify", "bonus_token_ids", "list", [1, 2], TE, "must be a torch.Tensor", "nb"),
     ("verify", "bonus_token_ids", "float", torch.tensor([1.0, 2.0]), TE, "must be int64", "nb"),
     ("verify", "bonus_token_ids", "meta", torch.tensor([1, 2]).to(META), VE, "is on meta", "nb"),
@@ -264,9 +278,10 @@ ROWS: list[tuple[Any, ...]] = [
     ("tree", "method", "name", "x", VE, "must be one of"),
     ("tree", "drafting", "1", 1, TE, "must be a str, one of"),
     ("tree", "drafting", "name", "x", VE, "must be one of"),
-    ("verify", "backend", "1", 1, TE, r"must be a str, one of \('auto'"),
-    ("verify", "backend", "list", ["torch"], TE, "must be a str"),
-    ("verify", "backend", "name", "cuda", VE, "must be one of"),
+    ("verify_tree", "method", "1", 1, TE, "must be a str, one of"),
+    ("verify_tree", "method", "name", "chain", VE, "must be one of"),
+    ("verify_tree", "drafting", "1", 1, TE, "must be a str, one of"),
+    ("verify_tree", "drafting", "name", "x", VE, "must be one of"),
     ("sampler", "backend", "1", 1, TE, "must be a str"),
     ("sampler", "backend", "name", "cuda", VE, "must be one of"),
     ("verify", "max_draft_tokens", "str", "3", TE, NOT_INT),
@@ -277,7 +292,6 @@ ROWS: list[tuple[Any, ...]] = [
     ("verify", "max_draft_tokens", "256", 256, VE, AT_MOST),
     ("verify", "max_draft_tokens", "2**64", 2**64, VE, AT_MOST),
     ("sampler", "draft_token_ids", "256", torch.zeros(B, 256).long(), VE, "a row may", "wide"),
-    ("verify", "strict", "str", "yes", TE, "must be a bool"),
     ("verify", "return_logprobs", "str", "yes", TE, "must be a bool"),
     ("padded", "strict", "int", 1, TE, "must be a bool"),
     ("sampler", "strict_mode", "str", "yes", TE, "must be a bool"),
@@ -287,12 +301,44 @@ ROWS: list[tuple[Any, ...]] = [
     ("padded", "draft_token_ids", "256", torch.zeros(B, 256).long(), VE, AT_MOST, "padded 256"),
 ]
 
+# argument, case, value, error, message after the argument's name: at verify and verify_tree
+SHARED: list[tuple[Any, ...]] = [
+    ("temperature", "None", [None, 1.0], TE, REAL),
+    ("temperature", "str", ["a", 1.0], TE, REAL),
+    ("temperature", "complex", [1j, 1.0], TE, REAL),
+    ("temperature", "bool", [True, 1.0], TE, REAL),
+    ("temperature", "nested", [[1.0], [1.0]], TE, REAL),
+    ("temperature", "string", "1.0", TE, "must be a number, a sequence or a tensor"),
+    ("temperature", "10**400", 10**400, VE, "must be finite and >= 0"),
+    ("temperature", "meta", torch.ones(B).to(META), VE, ON_META),
+    ("temperature", "shape", torch.ones(B, 1), VE, r"must be a scalar or have shape"),
+    ("top_k", "inf", math.inf, VE, TOP_K),
+    ("top_k", "nan", math.nan, VE, TOP_K),
+    ("top_k", "2**63", 2**63, VE, TOP_K),
+    ("top_k", "list 2**63", [2**63, 1], VE, TOP_K),
+    ("top_k", "list inf", [math.inf, 1], VE, TOP_K),
+    ("top_k", "1.5", 1.5, VE, TOP_K),
+    ("top_k", "float tensor", torch.tensor([2.0, 1.0]), TE, "must be an integer tensor"),
+    ("top_k", "meta", torch.ones(B).long().to(META), VE, ON_META),
+    ("top_p", "nan", math.nan, VE, r"must be in \(0, 1\]"),
+    ("min_p", "nan", math.nan, VE, r"must be in \[0, 1\]"),
+    ("backend", "1", 1, TE, r"must be a str, one of \('auto'"),
+    ("backend", "list", ["torch"], TE, "must be a str"),
+    ("backend", "name", "cuda", VE, "must be one of"),
+    ("strict", "str", "yes", TE, "must be a bool"),
+]
+
 CASES = [
     *(
         _case(
             e, {**OTHERS.get(rest[0] if rest else "", {}), n: v}, err, f"{n}:? {m}", f"{n} {what}"
         )
         for e, n, what, v, err, m, *rest in ROWS
+    ),
+    *(
+        _case(e, {n: v}, err, f"{n}:? {m}", f"{n} {what}")
+        for e in ("verify", "verify_tree")
+        for n, what, v, err, m in SHARED
     ),
     *_seed_and_position_cases(),
     *_generator_cases(),
@@ -424,13 +470,14 @@ def _on_meta(args: dict[str, Any]) -> dict[str, Any]:
         ("verify", _verify_args, "target_logits"),
         ("sampler", _sampler_args, "target_probs"),
         ("tree", _tree_args, "target_probs"),
+        ("verify_tree", _verify_tree_args, "target_logits"),
     ],
 )
 def test_strict_mode_on_the_meta_device_is_refused(
     entry: str, args: Callable[[], dict[str, Any]], name: str
 ) -> None:
     """Strict mode reads values, which meta tensors lack; default mode runs on them."""
-    bounds = {"max_depth": 2, "max_children": 2} if entry == "tree" else {}
+    bounds = {"max_depth": 2, "max_children": 2} if "tree" in entry else {}
     with pytest.raises(ValueError, match=f"strict mode reads the values of {name}"):
         run(entry, True, **_on_meta(args()), **bounds)
     run(entry, False, **_on_meta(args()), **bounds)

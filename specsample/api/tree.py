@@ -15,10 +15,24 @@ from typing_extensions import Unpack
 
 from specsample import backends, pipeline
 from specsample.api.options import RequestOptions, check_names, requests_from
-from specsample.checks import check_flag, require_tensor
+from specsample.checks import (
+    check_backend,
+    check_draft_rows,
+    check_flag,
+    check_not_nan,
+    check_prob_values,
+    check_same_device,
+    check_token_ids,
+    check_vocab_rows,
+    require_data,
+    require_rank,
+    require_tensor,
+)
 from specsample.methods import check_method, check_traversal_drafting, tree_method, tree_methods
 from specsample.params import DraftTree, Requests
 from specsample.plan import TreeStep
+from specsample.rules.tree.structure import check_tree, check_tree_values, child_table
+from specsample.seeding import check_position_values
 from specsample.shared import TreeVerifyResult, unit_columns
 
 
@@ -42,18 +56,20 @@ def verify_tree(
     Parameters
     ----------
     target_logits : torch.Tensor
-        ``[batch, nodes, vocab]`` float logits: row ``i`` is the target after node ``i``
-        (node 0 is the root, the last committed token).
+        ``[batch, nodes, vocab]`` (float32, float16, bfloat16 or float64, ``vocab >= 1``)
+        logits: row ``i`` is the target after node ``i`` (node 0 is the root, the last
+        committed token).
     draft_token_ids : torch.Tensor
-        ``[batch, nodes]`` int64 token of each node (the root's is not read).
+        ``[batch, nodes]`` int64 or int32 token of each node (the root's is not read).
     parents : torch.Tensor or DraftTree
         ``[batch, nodes]`` (or ``[nodes]``, shared) int64 parent of each node, smaller than
         its index (``-1`` for the root and for padding); or the whole draft layout, built
         once (:meth:`specsample.params.DraftTree.build`, then ``drafting``, ``max_depth``
         and ``max_children`` are read from it).
     draft_probs : torch.Tensor, optional
-        ``[batch, nodes, vocab]``: row ``i`` is the distribution node ``i``'s children were
-        drawn from (needed by ``"mss"``, ``"rrs"`` and ``"traversal"``).
+        ``[batch, nodes, vocab]`` (float32, float16, bfloat16 or float64): row ``i`` is the
+        distribution node ``i``'s children were drawn from (needed by ``"mss"``, ``"rrs"``
+        and ``"traversal"``; the rows of nodes without children are not read).
     requests : Requests, optional
         What every request asks, validated once (:meth:`specsample.params.Requests.build`).
         Exclusive with the sampling keywords.
@@ -71,7 +87,10 @@ def verify_tree(
         values than the tree's truncate it; larger ones than ``nodes - 1`` cost no more
         work than ``nodes - 1``, they set only the output's and the uniforms' layout).
     strict : bool
-        Also check values (synchronises with the device).
+        Also check values, as :func:`specsample.verify` does (NaN logits, the tree's
+        parents and node tokens, draft probabilities finite, non-negative and, at nodes with
+        children, summing to 1, positions, parameters and given uniforms); this
+        synchronises with the device.
     **options
         Keywords of :class:`specsample.api.options.RequestOptions`: ``temperature``,
         ``top_k``, ``top_p``, ``min_p``, ``seeds``, ``generators``, ``generator``,
@@ -102,19 +121,22 @@ def verify_tree(
     ([[0, 1]], [[1, 0]])
     """
     check_names("verify_tree", options, RequestOptions.__annotations__)
-    target_logits = unit_columns(require_tensor("target_logits", target_logits))
-    if target_logits.dim() != 3:
-        raise ValueError(
-            f"target_logits must have shape [batch, nodes, vocab], got {tuple(target_logits.shape)}"
-        )
+    target_logits = require_tensor("target_logits", target_logits)
+    draft_token_ids = require_tensor("draft_token_ids", draft_token_ids)
     check_flag("strict", strict)
+    check_backend(backend, backends.BACKENDS)
+    draft_probs = _check_tensors(target_logits, draft_token_ids, draft_probs)
+    target_logits = unit_columns(target_logits)
     tree = parents
     if not isinstance(tree, DraftTree):
         tree = DraftTree.build(tree, drafting, max_depth=max_depth, max_children=max_children)
+    check_same_device("parents", tree.parents, target_logits)
     rule = _rule(method, tree.drafting)
     chosen = backends.resolve(backend, target_logits)
     batch = target_logits.shape[0]
     requests = requests_from(requests, options, batch, target_logits.device, strict=strict)
+    if strict:
+        _strict_checks(target_logits, draft_token_ids, tree.parents, draft_probs, requests)
     uniforms = options.get("uniforms")
     step = TreeStep(
         target_logits, draft_token_ids, tree, requests, rule, draft_probs, uniforms, strict
@@ -132,3 +154,47 @@ def _rule(method: object, drafting: str) -> str:
         check_traversal_drafting(drafting)
         return "traversal"
     return tree_method(drafting, str(method))
+
+
+def _check_tensors(
+    target_logits: torch.Tensor, draft_token_ids: torch.Tensor, draft_probs: object
+) -> torch.Tensor | None:
+    """Rank, dtype and device checks of the node tensors, those of :func:`specsample.verify`
+    in the tree's layout (no sync); the draft rows checked, or ``None``."""
+    require_rank("target_logits", target_logits, 3, "[batch, nodes, vocab]")
+    check_vocab_rows("target_logits", target_logits)
+    if target_logits.shape[1] == 0:
+        raise ValueError(
+            f"target_logits needs at least one node (the root), got {tuple(target_logits.shape)}"
+        )
+    check_token_ids("draft_token_ids", draft_token_ids, 2, "[batch, nodes]")
+    check_same_device("draft_token_ids", draft_token_ids, target_logits)
+    if draft_probs is None:
+        return None
+    shape = tuple(target_logits.shape)
+    return check_draft_rows(
+        "draft_probs", draft_probs, shape, "[batch, nodes, vocab]", target_logits
+    )
+
+
+def _strict_checks(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    parents: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    requests: Requests,
+) -> None:
+    """The value checks of strict mode (they synchronise with the device), whatever rule runs.
+
+    Those of :func:`specsample.verify` on the target rows, the draft rows and the positions,
+    and the tree's parents and node tokens. Only the draft rows of nodes with children must
+    sum to 1: no child was drawn from the others.
+    """
+    require_data("target_logits", target_logits)
+    check_position_values(requests.positions)
+    _, ids, rows = check_tree(target_logits, draft_token_ids, parents)
+    check_tree_values(ids, rows, target_logits.shape[2])
+    check_not_nan("target_logits", target_logits)
+    if draft_probs is not None:
+        table = child_table(rows.to(draft_probs.device, torch.int64), target_logits.shape[0], 1)
+        check_prob_values("draft_probs", draft_probs, table[..., 0] >= 0)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import cast
 
+from specsample.checks import check_step_uniforms
 from specsample.plan import TreeStep
 from specsample.probs import request_probs
 from specsample.rules.tree import (
@@ -21,6 +22,7 @@ from specsample.rules.tree import (
     tree_verify,
     tree_verify_greedy,
 )
+from specsample.rules.tree.structure import check_tree, resolve_bounds
 from specsample.shared import TreeVerifyResult
 
 
@@ -50,6 +52,7 @@ def verify_tree(step: TreeStep) -> TreeVerifyResult:
     """
     logits, ids, tree, requests, method, draft_probs, uniforms, strict = step
     if requests.all_greedy:
+        _check_unread_uniforms(step)
         return tree_verify_greedy(
             logits, ids, tree.parents, max_depth=tree.max_depth, max_children=tree.max_children
         )
@@ -70,7 +73,22 @@ def verify_tree(step: TreeStep) -> TreeVerifyResult:
         max_depth=tree.max_depth,
         max_children=tree.max_children,
         uniforms=uniforms,
-        seeding=requests.seeding,
+        seeding=None if uniforms is not None else requests.seeding,
         positions=requests.positions,
         strict=strict,
     )
+
+
+def _check_unread_uniforms(step: TreeStep) -> None:
+    """Given uniforms that a greedy batch does not read, checked as when they are read: the
+    shape of the rule's layout, float64, on the batch's device (no sync)."""
+    logits, ids, tree, _, method, _, uniforms, _ = step
+    if uniforms is None:
+        return
+    batch, nodes, _ = logits.shape
+    columns = nodes
+    if method != "traversal":
+        parents = check_tree(logits, ids, tree.parents)[2]
+        depth, children = resolve_bounds(parents, tree.max_depth, tree.max_children)
+        columns = depth * children + 1
+    check_step_uniforms(uniforms, batch, columns, logits.device)

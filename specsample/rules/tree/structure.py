@@ -177,7 +177,19 @@ def strict_checks(
 ) -> None:
     """Value checks of checked inputs (these synchronise with the device)."""
     require_data("target_probs", target_probs)
-    n, vocab = target_probs.shape[1], target_probs.shape[2]
+    check_tree_values(draft_token_ids, parents, target_probs.shape[2])
+    for name, probs in (("target_probs", target_probs), ("draft_probs", draft_probs)):
+        if probs is not None and not bool((torch.isfinite(probs) & (probs >= 0)).all()):
+            raise ValueError(f"{name} must be finite and non-negative (no NaN or inf)")
+
+
+def check_tree_values(draft_token_ids: torch.Tensor, parents: torch.Tensor, vocab: int) -> None:
+    """Value checks of the tree (synchronise): ``parents [rows, N]`` and the node tokens.
+
+    Every node ``i >= 1`` has its parent in ``[-1, i)``, and every tree node's token lies in
+    ``[0, vocab)`` (the root's and the padding's are not read).
+    """
+    n = parents.shape[1]
     node = torch.arange(n, device=parents.device)
     bad_parent = (parents[:, 1:] < -1) | (parents[:, 1:] >= node[1:])
     if bool(bad_parent.any()):
@@ -186,9 +198,6 @@ def strict_checks(
     in_tree = (parents >= 0) & (node >= 1)
     if bool((in_tree & ((ids < 0) | (ids >= vocab))).any()):
         raise ValueError(f"draft_token_ids of tree nodes must lie in [0, {vocab})")
-    for name, probs in (("target_probs", target_probs), ("draft_probs", draft_probs)):
-        if probs is not None and not bool((torch.isfinite(probs) & (probs >= 0)).all()):
-            raise ValueError(f"{name} must be finite and non-negative (no NaN or inf)")
 
 
 def reachable(num_nodes: int, max_depth: int, max_children: int) -> tuple[int, int]:
