@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from specsample.random import STEP_STRIDE, Seeding, Stream
+from specsample.random import STEP_STRIDE, Seeding, Stream, counter_uniform
 
 
 def stripe(
@@ -102,9 +102,34 @@ def drawn_uniforms(
     batch = seeding.batch
     if seeding.seeds is None:  # no counter-seeded row: no counters to build
         return seeding.unseeded(k + 1, device)
-    accept = stripe(positions, batch, k, STEP_STRIDE, device)
     final = stripe(positions, batch, 1, 1, device)
+    if torch.compiler.is_compiling():
+        return _drawn_in_one_width(seeding, seeding.seeds, final, k, device)
+    accept = stripe(positions, batch, k, STEP_STRIDE, device)
     return seeding.draw(device, [(Stream.FINAL, final), (Stream.ACCEPT, accept)])
+
+
+def _drawn_in_one_width(
+    seeding: Seeding, seeds: torch.Tensor, final: torch.Tensor, k: int, device: torch.device
+) -> torch.Tensor:
+    """:func:`drawn_uniforms` with some row counter-seeded (by ``seeds``), without a tensor
+    ``k`` columns wide.
+
+    :func:`torch.compile` specialises a size of 1, so a graph holding a ``[batch, k]``
+    tensor serves either ``k = 1`` or ``k >= 2``, never both. The accept tests are hashed
+    one column to the right, over ``k + 1`` columns (column 0 hashing the counter of the
+    first test again), and column 0 of the counter-seeded rows then takes the final draw:
+    the same numbers. ``final`` is the ``[batch, 1]`` counter of the final draw.
+    """
+    cols = torch.arange(k + 1, device=device)
+    accept = final * STEP_STRIDE + (cols - 1).clamp_(min=0)
+    drawn = seeding.draw(device, [(Stream.ACCEPT, accept)])
+    last = counter_uniform(seeds, final, Stream.FINAL, key=seeding.key(Stream.FINAL))
+    first = cols == 0
+    counted = seeding.counter_rows()
+    if counted is not None:
+        first = first & counted.unsqueeze(-1)
+    return torch.where(first, last, drawn)
 
 
 def in_step_order(drawn: torch.Tensor) -> torch.Tensor:

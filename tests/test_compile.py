@@ -5,8 +5,10 @@ are compiled once with ``dynamic=None`` (the default: static first, then dynamic
 after a shape changes) and called on four shapes: every call equals the eager output under
 the same seeds, nothing crashes, and dynamo records no graph break. The ``eager`` backend
 traces exactly what inductor would receive, at a fraction of the compile time. Over thirty
-calls with changing batch sizes, draft counts and row totals, a counting backend shows that
-each entry point is compiled at most twice (dynamo's own count of what it handed over).
+calls whose batch size, draft count (from 1 up), vocabulary and row total all change, a
+counting backend shows that ``verify`` is compiled at most twice (dynamo's own count of what
+it handed over), and the sampler at most twice plus once for a draft count of 1: its drafts
+are a dimension of its input tensors, and dynamo specialises an input size of 1 by design.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from specsample import RejectionSampler, verify
 from specsample.native import jit
-from specsample.random import Stream, counter_uniform
+from specsample.random import Seeding, Stream, counter_uniform
+from specsample.uniforms import drawn_uniforms
 
 SHAPES = [(8, 4, 50), (5, 3, 50), (3, 2, 50), (6, 5, 50)]
 """``(batch, k, vocab)`` of the successive calls: batch and draft count change every time."""
@@ -88,31 +91,39 @@ class _CountingBackend:
         return graph.forward
 
 
-def _sizes(call: int) -> tuple[int, int]:
-    """The batch size and draft count of call ``call``: both change from call to call.
+def _sizes(call: int) -> tuple[int, int, int]:
+    """The batch size, draft count and vocabulary of call ``call``: all three change from
+    call to call, the first two calls differing in every one, as an engine's soon do.
 
-    Both stay at 2 or more: dynamo specialises sizes 0 and 1 by design, so a batch or a
-    draft count of 1 adds one compilation of its own.
+    Draft counts run from 1 to 5 and vocabularies from 30 to 200. Batches stay at 2 or more:
+    dynamo specialises an input size of 0 or 1 by design, so a batch of 1 adds one
+    compilation of its own.
     """
-    return 2 + (call * 5) % 8, 2 + (call * 3) % 5
+    return 2 + (call * 3 + 3) % 8, 1 + (call * 3) % 5, 30 + (call * 37) % 171
 
 
 @pytest.mark.slow
 def test_the_sampler_compiles_at_most_twice_over_thirty_changing_calls(
     graph_breaks: dict[str, int],
 ) -> None:
-    """Changing batch sizes and draft counts, seeds and CPU-tensor positions: the counters
-    stay outside the traced values, so dynamo compiles at most twice (static first, then
-    dynamic sizes), and every output equals the eager sampler's."""
+    """Changing batch sizes, draft counts and vocabularies, seeds and CPU-tensor positions:
+    the counters stay outside the traced values, so dynamo compiles at most twice (static
+    first, then dynamic sizes), and once more for the draft count 1, an input size it
+    specialises, shared by every such call whatever its batch and vocabulary. Every output
+    equals the eager sampler's."""
     backend = _CountingBackend()
     compiled = torch.compile(RejectionSampler(), backend=backend)
     eager = RejectionSampler()
+    compiled_at: list[int] = []  # the draft count of each call that compiled a graph
     for call in range(30):
-        batch, k = _sizes(call)
-        inputs = _probs_inputs(batch, k, 50, seed=call)
+        batch, k, vocab = _sizes(call)
+        inputs = _probs_inputs(batch, k, vocab, seed=call)
         options = {"seeds": torch.arange(batch) + 100 * call, "positions": torch.arange(batch)}
+        before = backend.compiles
         assert torch.equal(compiled(*inputs, **options), eager(*inputs, **options)), call
-    assert backend.compiles <= 2
+        compiled_at += [k] * (backend.compiles - before)
+    assert len(compiled_at) <= 3
+    assert compiled_at[2:] in ([], [1])
     assert not graph_breaks
     assert compiled.num_draft_tokens == eager.num_draft_tokens
     assert torch.equal(compiled.num_accepted_tokens, eager.num_accepted_tokens)
@@ -122,18 +133,20 @@ def test_the_sampler_compiles_at_most_twice_over_thirty_changing_calls(
 def test_verify_compiles_at_most_twice_over_thirty_changing_calls(
     graph_breaks: dict[str, int],
 ) -> None:
-    """Ragged draft counts as a CPU tensor (with their maximum), row totals, batch sizes,
-    seeds and CPU-tensor positions change every call: at most two compilations, no graph
-    break, and every output equals eager ``verify``."""
+    """Ragged draft counts as a CPU tensor (with their maximum, from 1 up), row totals, batch
+    sizes, vocabularies, seeds and CPU-tensor positions change every call: at most two
+    compilations, a draft count of 1 included, no graph break, and every output equals
+    eager ``verify``."""
     backend = _CountingBackend()
     compiled = torch.compile(verify, backend=backend)
     for call in range(30):
-        batch, k = _sizes(call)
+        batch, k, vocab = _sizes(call)
         generator = torch.Generator().manual_seed(call)
-        counts = torch.randint(2, k + 1, (batch,), generator=generator)
+        counts = torch.randint(1, k + 1, (batch,), generator=generator)
+        counts[call % batch] = k
         total = int(counts.sum())
-        logits = torch.randn(total + batch, 50, generator=generator)
-        drafts = torch.randint(0, 50, (total,), generator=generator)
+        logits = torch.randn(total + batch, vocab, generator=generator)
+        drafts = torch.randint(0, vocab, (total,), generator=generator)
         options = {
             "temperature": 0.8,
             "top_k": 20,
@@ -144,8 +157,35 @@ def test_verify_compiles_at_most_twice_over_thirty_changing_calls(
         got = compiled(logits, drafts, counts, **options)
         expected = verify(logits, drafts, counts, **options)
         assert torch.equal(got.token_ids, expected.token_ids), call
+        assert torch.equal(got.num_accepted, expected.num_accepted), call
     assert backend.compiles <= 2
     assert not graph_breaks
+
+
+def _seedings() -> list[Seeding]:
+    """Five rows of each kind: counter-seeded (from a tensor, or from host seeds up to
+    ``2**64``), with a generator of their own, or on the shared generator."""
+    cpu = torch.device("cpu")
+    own = {1: torch.Generator().manual_seed(9)}
+    return [
+        Seeding.build(5, cpu, seeds=torch.tensor([3, -1, 5, -2, 7])),
+        Seeding.build(5, cpu, seeds=[3, None, 2**64 - 5, None, 1], generators=own),
+    ]
+
+
+@pytest.mark.parametrize("k", [0, 1, 4])
+def test_a_graph_draws_the_eager_uniforms(k: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While dynamo traces, a step's uniforms are drawn without a tensor ``k`` columns wide
+    (a width it would specialise at 1), and they are the eager numbers for every kind of row."""
+    positions, cpu = torch.tensor([0, 3, 7, 11, 2]), torch.device("cpu")
+    expected = []
+    for seeding in _seedings():
+        torch.manual_seed(1)
+        expected.append(drawn_uniforms(seeding, k, cpu, positions))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    for seeding, eager in zip(_seedings(), expected, strict=True):
+        torch.manual_seed(1)
+        assert torch.equal(drawn_uniforms(seeding, k, cpu, positions), eager)
 
 
 def test_counter_hash_is_one_opaque_operator() -> None:
@@ -154,7 +194,7 @@ def test_counter_hash_is_one_opaque_operator() -> None:
     Every xor-shift of the hash reads its input twice; inlined into its consumers, the chain
     grows into an expression tree that took inductor minutes to generate code for.
     """
-    jit.warm_up(wait=True)  # the compiled CPU loop, where numba is installed, must not run
+    jit.warm_up()  # the compiled CPU loop, where numba is installed, must not run
     seeds, counters_ = torch.arange(3), torch.arange(4).expand(3, 4)
     graph = make_fx(lambda s, c: counter_uniform(s, c, Stream.FINAL))(seeds, counters_)
     calls = [str(node.target) for node in graph.graph.nodes if node.op == "call_function"]

@@ -22,7 +22,7 @@ from specsample.rules.block import (
     block_weights,
     residual_mass_per_position,
 )
-from specsample.rules.chain import chain_verify, count_accepted, emit
+from specsample.rules.chain import chain_verify, count_accepted
 from specsample.rules.residual import sample_residual, sample_rows
 from specsample.rules.rows import LogitRows, ProbRows
 from specsample.shared import PaddedRule
@@ -37,7 +37,12 @@ def prob_rule(method: str) -> PaddedRule:
 
 
 class Drafts(NamedTuple):
-    """The drafts of a step, padded to ``[batch, max_drafts]``.
+    """The drafts of a step, padded to ``[batch, max_drafts + 1]``.
+
+    The last column is never a draft: it is where a request that accepts every draft of
+    the widest count writes its last token. No tensor of the step is then ``max_drafts``
+    wide, a width that :func:`torch.compile` would have to tell apart from 1 (a size it
+    specialises), so one graph verifies every draft count from 1 up.
 
     Attributes
     ----------
@@ -68,9 +73,10 @@ class Step(NamedTuple):
     source : ProbRows or LogitRows or None
         The draft rows (``None``: one-hot drafts).
     q_at, p_at : torch.Tensor
-        ``[batch, max_drafts]`` float64 target and draft probabilities of the drafts.
+        ``[batch, max_drafts + 1]`` float64 target and draft probabilities of the padded
+        drafts (the last column is never a draft).
     uniforms : torch.Tensor
-        ``[batch, max_drafts + 1]`` float64.
+        ``[batch, max_drafts + 1]`` float64: the accept tests, then the final draw.
     layout : BatchLayout
         The ragged layout.
     drafts : Drafts
@@ -122,16 +128,17 @@ def log_q(
 def pad_drafts(
     draft_token_ids: torch.Tensor, layout: BatchLayout, vocab: int, target_rows: int
 ) -> Drafts:
-    """Pad the flat ``[total_drafts]`` drafts to ``[batch, max_drafts]`` (see :class:`Drafts`).
+    """Pad the flat ``[total_drafts]`` drafts to ``[batch, max_drafts + 1]`` (see
+    :class:`Drafts`).
 
     Examples
     --------
     >>> layout = BatchLayout.build([2, 0], torch.device("cpu"))
     >>> pad_drafts(torch.tensor([3, 1]), layout, 4, 4).ids.tolist()
-    [[3, 1], [-1, -1]]
+    [[3, 1, -1], [-1, -1, -1]]
     """
     device = draft_token_ids.device
-    cols = torch.arange(layout.max_drafts, device=device)
+    cols = torch.arange(layout.max_drafts + 1, device=device)
     in_request = cols < layout.num_drafts.unsqueeze(-1)
     draft_rows = (layout.draft_start.unsqueeze(-1) + cols).clamp_(
         max=max(layout.total_drafts - 1, 0)
@@ -140,7 +147,7 @@ def pad_drafts(
     if layout.total_drafts:
         ids = torch.where(in_request, draft_token_ids.to(torch.int64)[draft_rows], -1)
     else:
-        ids = torch.full((layout.batch, layout.max_drafts), -1, dtype=torch.int64, device=device)
+        ids = torch.full(in_request.shape, -1, dtype=torch.int64, device=device)
     valid = in_request & (ids >= 0) & (ids < vocab)
     return Drafts(ids, ids.clamp(0, vocab - 1), valid, draft_rows, rows)
 
@@ -208,7 +215,15 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
         final = torch.where(greedy, final, drawn)
     if bonus_token_ids is not None:
         final = torch.where(num_accepted == layout.num_drafts, bonus_token_ids, final)
-    return emit(drafts.ids, num_accepted, final), num_accepted
+    return _emit(drafts.ids, num_accepted, final), num_accepted
+
+
+def _emit(ids: torch.Tensor, num_accepted: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """``[batch, max_drafts + 1]`` output from the padded drafts ``ids`` (see :class:`Drafts`):
+    the accepted drafts, ``last``, then ``-1`` (:func:`~specsample.rules.chain.emit`)."""
+    cols = torch.arange(ids.shape[1], device=ids.device)
+    kept = torch.where(cols < num_accepted.unsqueeze(-1), ids, -1)
+    return kept.scatter_(1, num_accepted.unsqueeze(-1), last.unsqueeze(-1))
 
 
 def _plain_step(
@@ -241,14 +256,12 @@ def _plain_step(
 def _chain_step(step: Step) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-by-token rule: accepted counts, and the residual or bonus draw after them."""
     target, source, q_at, p_at, uniforms, layout, drafts = step
-    num_accepted = count_accepted((uniforms[:, :-1] * p_at < q_at) & drafts.valid)
+    num_accepted = count_accepted((uniforms * p_at < q_at) & drafts.valid)
     last_row = max(target.logits.shape[0] - 1, 0)
     selected = target.select((layout.target_start + num_accepted).clamp_(max=last_row))
     vocab = target.logits.shape[-1]
-    rejected = num_accepted < layout.num_drafts
-    if source is None:
-        at = num_accepted.clamp(max=layout.max_drafts - 1).unsqueeze(-1)
-        token = torch.where(rejected, drafts.ids.gather(1, at).squeeze(-1), -1)
+    if source is None:  # the draft at the first rejection; -1 (none) when all were accepted
+        token = drafts.ids.gather(1, num_accepted.unsqueeze(-1)).squeeze(-1)
         return num_accepted, sample_residual(selected, uniforms[:, -1], vocab, draft_token=token)
     row = (layout.draft_start + num_accepted).clamp_(max=max(layout.total_drafts - 1, 0))
     drawn = sample_residual(
@@ -256,7 +269,7 @@ def _chain_step(step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         uniforms[:, -1],
         vocab,
         draft=source.select(row),
-        draft_weight=rejected.to(torch.float32),
+        draft_weight=(num_accepted < layout.num_drafts).to(torch.float32),
     )
     return num_accepted, drawn
 
@@ -275,7 +288,7 @@ def _block_step(step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         )
     vocab = target.logits.shape[-1]
     width = layout.max_drafts
-    weights = block_weights(q_at, p_at, drafts.valid)
+    weights = block_weights(q_at[:, :width], p_at[:, :width], drafts.valid[:, :width])
     cols = torch.arange(width + 1, device=q_at.device)
     last_target = max(target.logits.shape[0] - 1, 0)
     target_rows = (layout.target_start.unsqueeze(-1) + cols).clamp_(max=last_target)

@@ -55,5 +55,5 @@ def verify_typical(
     drafts = pad_drafts(draft_token_ids, layout, vocab, rows)
     cols = torch.arange(width, device=target_logits.device)
     index = (layout.target_start.unsqueeze(-1) + cols).clamp_(max=max(rows - 1, 0))
-    out = typical_acceptance(request_probs(target_logits[index], sampling), drafts.ids)
+    out = typical_acceptance(request_probs(target_logits[index], sampling), drafts.ids[:, :-1])
     return out.token_ids, out.num_accepted
