@@ -16,33 +16,66 @@ Both accept a prefix of each sequence's drafted tokens and emit one more, so tha
 stream follows the target distribution exactly. :mod:`specsample.testing` is the exactness
 harness that proves it (and can test any verifier with the same signature);
 :mod:`specsample.stats` holds the counters and metrics.
+
+The names below are imported on first use, so that ``import specsample`` alone (as the
+command line does before it can report a Ctrl-C on one line) does not import PyTorch.
 """
 
-from specsample.api import VerifyOutput, verify, verify_padded, verify_tree
-from specsample.backends import BACKENDS
-from specsample.metadata import BatchLayout
-from specsample.methods import METHODS
-from specsample.params import Requests, SamplingParams
-from specsample.rules import VerifyResult, chain_verify
-from specsample.sampler import RejectionSampler, TypicalAcceptanceSampler
-from specsample.stats import VerificationStats, expected_acceptance
+from __future__ import annotations
 
-__all__ = [
-    "BACKENDS",
-    "METHODS",
-    "BatchLayout",
-    "RejectionSampler",
-    "Requests",
-    "SamplingParams",
-    "TypicalAcceptanceSampler",
-    "VerificationStats",
-    "VerifyOutput",
-    "VerifyResult",
-    "chain_verify",
-    "expected_acceptance",
-    "verify",
-    "verify_padded",
-    "verify_tree",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names __getattr__ gives, for type checkers
+    from specsample.api import VerifyOutput as VerifyOutput
+    from specsample.api import verify as verify
+    from specsample.api import verify_padded as verify_padded
+    from specsample.api import verify_tree as verify_tree
+    from specsample.backends import BACKENDS as BACKENDS
+    from specsample.metadata import BatchLayout as BatchLayout
+    from specsample.methods import METHODS as METHODS
+    from specsample.params import Requests as Requests
+    from specsample.params import SamplingParams as SamplingParams
+    from specsample.rules import VerifyResult as VerifyResult
+    from specsample.rules import chain_verify as chain_verify
+    from specsample.sampler import RejectionSampler as RejectionSampler
+    from specsample.sampler import TypicalAcceptanceSampler as TypicalAcceptanceSampler
+    from specsample.stats import VerificationStats as VerificationStats
+    from specsample.stats import expected_acceptance as expected_acceptance
+
+_HOMES = {
+    "BACKENDS": "specsample.backends",
+    "METHODS": "specsample.methods",
+    "BatchLayout": "specsample.metadata",
+    "RejectionSampler": "specsample.sampler",
+    "Requests": "specsample.params",
+    "SamplingParams": "specsample.params",
+    "TypicalAcceptanceSampler": "specsample.sampler",
+    "VerificationStats": "specsample.stats",
+    "VerifyOutput": "specsample.api",
+    "VerifyResult": "specsample.rules",
+    "chain_verify": "specsample.rules",
+    "expected_acceptance": "specsample.stats",
+    "verify": "specsample.api",
+    "verify_padded": "specsample.api",
+    "verify_tree": "specsample.api",
+}
+"""The module each public name is defined in."""
+
+__all__ = sorted(_HOMES)
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use (then kept here)."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'specsample' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import specsample
-from specsample import cli
+from specsample import adapter, cli
 from specsample.cli import bench, compare, generate, main
 
 
@@ -27,7 +27,10 @@ def test_main_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--help"]) == 0
     assert "--quick" in capsys.readouterr().out
     assert main(["generate", "--help"]) == 0
-    assert "runs on the CPU in float32" in " ".join(capsys.readouterr().out.split())
+    described = " ".join(capsys.readouterr().out.split())
+    assert "float32 only" not in described and "runs in float32" not in described
+    assert "the linear layers' weights as --quantize says" in described
+    assert "auto keeps the quantization of a .gguf file" in described
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -143,15 +146,66 @@ def test_runtime_errors_are_one_clean_line(
     assert err.strip() == "specsample bench: error: the benchmark could not run"
 
 
+def _interrupt(*args: Any, **kwargs: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def test_interrupt_exits_130_naming_the_command(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def interrupted(*args: Any, **kwargs: Any) -> None:
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(compare, "compare_rules", interrupted)
+    monkeypatch.setattr(compare, "compare_rules", _interrupt)
     assert main(["compare", "--k", "1"]) == 130
     assert capsys.readouterr().err == "specsample compare: interrupted\n"
+
+
+MINIMAL_ARGV = {"generate": ["x"]}
+"""Arguments a command needs to pass its checks (none for the others)."""
+
+
+@pytest.mark.parametrize("command", sorted(cli.COMMANDS))
+@pytest.mark.parametrize("stage", ["check", "run"])
+def test_interrupt_at_any_stage_of_every_command_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: str, stage: str
+) -> None:
+    """Ctrl-C while the options are checked, or while the command runs (models loading
+    included), exits 130 with one line on stderr and nothing else."""
+    monkeypatch.setattr(cli.COMMANDS[command], stage, _interrupt)
+    assert main([command, *MINIMAL_ARGV.get(command, [])]) == 130
+    captured = capsys.readouterr()
+    named = "specsample" if stage == "check" else f"specsample {command}"
+    assert captured.err == f"{named}: interrupted\n" and captured.out == ""
+
+
+SIGINT_WHILE_LOADING = """
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from specsample import adapter
+from specsample.cli import main
+
+def load_model(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(60)
+
+adapter.load_model = load_model
+sys.exit(main(["generate", "def parse(text):", "--max-new-tokens", "4"]))
+"""
+"""A ``specsample generate`` run that receives a real SIGINT as its target starts to load
+(the handler is set first: a process started in the background may inherit SIGINT ignored)."""
+
+
+@pytest.mark.slow
+def test_sigint_while_models_load_is_one_line_and_status_130() -> None:
+    if adapter.default_pair() is None:
+        pytest.fail("the default model pair is not installed")
+    done = subprocess.run(
+        [sys.executable, "-c", SIGINT_WHILE_LOADING],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 130, done.stderr
+    assert done.stderr == "specsample generate: interrupted\n" and done.stdout == ""
 
 
 def test_python_dash_m_specsample() -> None:
@@ -159,3 +213,48 @@ def test_python_dash_m_specsample() -> None:
         [sys.executable, "-m", "specsample", "--help"], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0 and "usage: specsample" in done.stdout
+
+
+def test_an_interrupt_a_library_turned_into_an_error_is_an_interrupt(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """transformers' lazy imports report a Ctrl-C as a RuntimeError raised while handling
+    it: still one line and status 130."""
+
+    def _import_interrupted(args: Any) -> int:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as interrupt:
+            raise RuntimeError("Could not import module 'LlamaConfig'") from interrupt
+
+    monkeypatch.setattr(cli.COMMANDS["bench"], "run", _import_interrupted)
+    assert cli.main(["bench", "--quick"]) == 130
+    assert capsys.readouterr().err == "specsample bench: interrupted\n"
+
+
+def test_an_interrupt_while_the_command_line_imports_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The ``specsample`` entry point imports the command line (and with it PyTorch) inside
+    its guard: a Ctrl-C during those imports is one line and status 130."""
+    import types
+
+    from specsample.__main__ import entry
+
+    importing = types.ModuleType("specsample.cli")
+
+    def _interrupt(name: str) -> Any:
+        raise KeyboardInterrupt
+
+    importing.__getattr__ = _interrupt  # type: ignore[method-assign]
+    monkeypatch.setitem(sys.modules, "specsample.cli", importing)
+    assert entry(["--version"]) == 130
+    assert capsys.readouterr().err == "specsample: interrupted\n"
+
+
+def test_importing_the_package_does_not_import_torch() -> None:
+    """``import specsample`` (what the entry point runs before its guard) is light: the
+    public names load on first use."""
+    code = "import sys, specsample; assert 'torch' not in sys.modules; specsample.verify"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

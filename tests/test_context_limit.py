@@ -1,7 +1,9 @@
 """The cache within the model's context, and attention the loop cannot honour.
 
 Covers what the adapter reads from a model's config, :mod:`specsample.adapter.config`
-(the attention window), and the loop's context check.
+(the attention window), the loop's context check, and the command's: ``specsample generate``
+reads the target's context from its config alone (:func:`specsample.cli.load.context_length`)
+and refuses a prompt that leaves no room in it before any weights load.
 
 The masked rectangular cache grows by the slots of every step, accepted or not. It must never
 need more slots than the model's context (``max_position_embeddings``): some models index a
@@ -12,8 +14,11 @@ message naming the layer type or the cause.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,6 +29,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
 from specsample import adapter  # noqa: E402
+from specsample.cli import generate, main  # noqa: E402
+from specsample.cli.load import context_length  # noqa: E402
 from specsample.generate import (  # noqa: E402
     NGramDrafter,
     speculative_generate,
@@ -163,3 +170,91 @@ def test_nan_from_padding_in_float64_eager_attention_names_the_cause() -> None:
     model = transformers.AutoModelForCausalLM.from_config(config).to(torch.float64).eval()
     with pytest.raises(ValueError, match="NaN for a left-padded input even without a cache"):
         adapter.check_masked_cache(model)
+
+
+LONG_PROMPT = "x = 1\n" * 400
+"""About 1,600 tokens of the shipped tokenizer: more than the shipped target's 1024 positions."""
+
+REFUSED = re.compile(
+    r"specsample generate: error: argument prompt: the prompt has (\d+) tokens but the "
+    r"target's context is (\d+) positions: nothing can be generated \(give at most (\d+) "
+    r"tokens\)\n"
+)
+"""The one line a prompt too long for the context gets."""
+
+
+@pytest.fixture
+def no_weights_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make loading any model fail the test (tokenizers and configs may load)."""
+
+    def never(*args: Any, **kwargs: Any) -> None:
+        pytest.fail("a model was loaded")
+
+    monkeypatch.setattr(adapter, "load_model", never)
+    monkeypatch.setattr(generate, "load_models", never)
+
+
+@pytest.fixture
+def tiny_gguf(tmp_path: Path) -> Path:
+    """A tiny random Llama as a GGUF file: a context of 256 positions, the shipped tokenizer."""
+    files = pytest.importorskip("tests.gguf_files")
+    model = files.tiny_llama()
+    assert model.config.max_position_embeddings == 256
+    return Path(files.write_gguf(tmp_path / "tiny.gguf", model, files.default_tokenizer_dir()))
+
+
+def test_context_length_is_read_from_the_config_alone(
+    tmp_path: Path, tiny_gguf: Path, no_weights_load: None
+) -> None:
+    """A directory holding only ``config.json`` (GPT-2 names its context ``n_positions``),
+    a GGUF file's metadata, and a config that sets no context."""
+    for name, config in (
+        ("gpt2", transformers.AutoConfig.for_model("gpt2", n_positions=CONTEXT)),
+        ("llama", transformers.AutoConfig.for_model("llama", max_position_embeddings=48)),
+        ("mamba", transformers.AutoConfig.for_model("mamba")),
+    ):
+        config.save_pretrained(tmp_path / name)
+    assert context_length(tmp_path / "gpt2") == CONTEXT
+    assert context_length(tmp_path / "llama") == 48
+    assert context_length(tmp_path / "mamba") is None
+    assert context_length(tiny_gguf) == 256
+    with pytest.raises(ValueError, match="target model path does not exist"):
+        context_length(tmp_path / "nowhere")
+
+
+def test_a_prompt_beyond_the_context_is_refused_before_any_model_loads(
+    capsys: pytest.CaptureFixture[str], no_weights_load: None
+) -> None:
+    """The shipped pair: one line naming the argument, the prompt's tokens and the limit."""
+    if adapter.default_pair() is None:
+        pytest.fail("the default model pair is not installed")
+    assert main(["generate", LONG_PROMPT]) == 1
+    captured = capsys.readouterr()
+    refused = REFUSED.fullmatch(captured.err)
+    assert refused is not None, captured.err
+    tokens, context, most = (int(group) for group in refused.groups())
+    assert tokens > context == 1024 and most == 1023 and captured.out == ""
+
+
+def test_a_gguf_prompt_beyond_the_context_is_refused_before_the_file_loads(
+    tiny_gguf: Path, capsys: pytest.CaptureFixture[str], no_weights_load: None
+) -> None:
+    assert main(["generate", "x = 1\n" * 100, "--target", str(tiny_gguf), "--ngram"]) == 1
+    refused = REFUSED.fullmatch(capsys.readouterr().err)
+    assert refused is not None and refused.group(2, 3) == ("256", "255")
+
+
+def test_an_input_line_beyond_the_context_is_refused_before_any_model_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_weights_load: None
+) -> None:
+    """With ``--input``, by line, and the output file is not created."""
+    if adapter.default_pair() is None:
+        pytest.fail("the default model pair is not installed")
+    source, results = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    lines = [{"prompt": "def f():"}, {"prompt": LONG_PROMPT}]
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    assert main(["generate", "--input", str(source), "--output", str(results)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"specsample generate: error: {source}:2: prompt has ")
+    assert "the target's context is 1024 positions" in err and err.count("\n") == 1
+    assert not results.exists()

@@ -12,13 +12,19 @@ instead (per-prompt parameters, the command-line options as defaults; see
 result line per prompt as soon as it finishes, shows a progress bar on stderr, and resumes an
 interrupted run: prompts whose result the output already holds (same id, prompt and sampling
 parameters) are skipped, and a stored result that contradicts the input is refused
-(:mod:`specsample.cli.resume`). Both files are checked in full before any model loads;
-only a prompt that is empty once tokenized, or fills the target's context, is found after.
+(:mod:`specsample.cli.resume`). Both files are checked in full before any model loads.
+
+Prompts are tokenized before the models load, and checked against the target's context as
+its config gives it (:func:`specsample.cli.load.context_length`): a prompt that is empty
+once tokenized, or leaves no room in the context, is refused before any weights are read.
 
 The draft length is adaptive by default: each step drafts between 0 and ``k`` tokens, as the
 acceptance and step times seen so far suggest (exact either way); ``--fixed-k`` always
 drafts ``k``. The options and their bounds: :mod:`specsample.cli.generate_args`. The
-models run on the CPU in float32.
+models run on the CPU, each in the dtype it loads in (float32 for the default pair and for
+GGUF files), their linear layers' weights in the format ``--quantize`` gives (by default a
+``llama`` GGUF file's 4-bit blocks are kept as int4 and its ``Q8_0`` ones as int8 or
+bfloat16, a model directory's weights as they load).
 
 On Ctrl-C the streamed line is ended, the statistics of the steps that ran are printed and
 the command exits with status 130.
@@ -41,8 +47,16 @@ from specsample.cli.generate_args import (
     step_batch,
     tree_shape,
 )
-from specsample.cli.load import eos_token_ids, load_models, model_paths, prepare_runtime
+from specsample.cli.load import (
+    context_length,
+    eos_token_ids,
+    load_models,
+    load_tokenizers,
+    model_paths,
+    prepare_runtime,
+)
 from specsample.cli.output import (
+    CpuUse,
     Stream,
     plot_acceptance,
     print_sequences,
@@ -63,8 +77,11 @@ def add_parser(commands: Any) -> None:
         description="Generate from a target causal LM with speculative decoding: a draft model "
         "(--draft) or prompt lookup (--ngram) proposes k tokens, one target forward scores them "
         "and exact verification keeps the target's distribution. Without --target, the default "
-        "pair installed under specsample/models/default is used. Generation runs on the CPU in "
-        "float32.",
+        "pair installed under specsample/models/default is used. Generation runs on the CPU, "
+        "the linear layers' weights as --quantize says: by default a model directory in the "
+        "dtype it loads in (float32 for the default pair), and a .gguf file of the llama "
+        "architecture in float32 with its 4-bit weights kept as int4 and its Q8_0 weights "
+        "as int8 or bfloat16 (see --quantize).",
     )
     add_arguments(parser)
 
@@ -101,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
         written), an ``--input`` or ``--output`` path that cannot serve, a malformed output
         file or one whose results contradict the input, a model path that is neither a
         model directory nor a GGUF file, mismatched models, ``--chat`` with a tokenizer
-        without a chat template, a prompt that fills the context, or any argument
+        without a chat template, a prompt the target's context cannot hold (refused before
+        the models load), or any argument
         :func:`specsample.generate.speculative_generate` refuses.
     KeyboardInterrupt
         Ctrl-C, once the statistics of what ran are printed.
@@ -114,8 +132,10 @@ def run(args: argparse.Namespace) -> int:
         return _run_file(args)
     target_path, draft_path = model_paths(args)
     prepare_runtime(args.threads)
-    tokenizer, encode, target, drafter = load_models(target_path, draft_path, args)
-    prompt_ids = _encode_prompt(args, encode, target)
+    context = context_length(target_path)
+    tokenizer, encode = load_tokenizers(target_path, draft_path, args)
+    prompt_ids = _encode_prompt(args, encode, context)
+    target, drafter = load_models(target_path, draft_path, args)
     copies = batch_size(args)
     common = _sampling_options(args, eos_token_ids(tokenizer, target), copies)
     common["max_batch_size"] = step_batch(args, target)
@@ -125,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
         _warm_up(args, target, drafter, prompt_ids, common, memory)
     shown = [] if args.chat else prompt_ids
     stream = Stream(tokenizer, shown) if copies == 1 else None
+    use = CpuUse()
     with _statistics_if_interrupted(stream is not None):
         output = speculative_generate(
             target,
@@ -141,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         with _statistics_if_interrupted(False):
             progress = Progress("target-only")
             baseline = target_generate(target, prompts, on_progress=progress, **common)
-        print_speedup(output, baseline)
+        print_speedup(output, baseline, use)
     if args.plot:
         plot_acceptance(output.stats, args.plot)
     return 0
@@ -161,31 +182,27 @@ def _statistics_if_interrupted(line_open: bool) -> Iterator[None]:
 
 
 def _encode_prompt(
-    args: argparse.Namespace, encode: Callable[[str], list[int]], target: Any
+    args: argparse.Namespace, encode: Callable[[str], list[int]], context: int | None
 ) -> list[int]:
-    """The prompt's token ids, refusing a prompt or drafts that the target's context cannot
-    hold (named as the options are)."""
+    """The prompt's token ids, refusing a prompt or drafts that the target's ``context``
+    cannot hold (named as the options are)."""
     prompt_ids = encode(args.prompt)
     if not prompt_ids:
         raise ValueError("the prompt is empty once tokenized")
-    context = _context(target)
     if context is not None and len(prompt_ids) >= context:
+        laid_out = " laid out by the chat template" if args.chat else ""
         raise ValueError(
-            f"the prompt has {len(prompt_ids)} tokens but the target's context is {context} "
-            "positions: nothing can be generated"
+            f"argument prompt: the prompt has {len(prompt_ids)} tokens{laid_out} but the "
+            f"target's context is {context} positions: nothing can be generated (give at "
+            f"most {context - 1} tokens)"
         )
-    _check_drafts_fit(args, target)
+    _check_drafts_fit(args, context)
     return prompt_ids
 
 
-def _context(target: Any) -> int | None:
-    """The target's context, in positions (``None``: its config sets none)."""
-    return getattr(getattr(target, "config", None), "max_position_embeddings", None)
-
-
-def _check_drafts_fit(args: argparse.Namespace, target: Any) -> None:
-    """Refuse a ``-k`` (or a ``--tree``) that one step of the target's context cannot score."""
-    context, shape = _context(target), tree_shape(args)
+def _check_drafts_fit(args: argparse.Namespace, context: int | None) -> None:
+    """Refuse a ``-k`` (or a ``--tree``) that one step of the target's ``context`` cannot score."""
+    shape = tree_shape(args)
     drafts = draft_length(args) if shape is None else shape.nodes
     if context is not None and drafts >= context:
         asked = f"-k {drafts}" if shape is None else f"a tree of {drafts} nodes (--tree)"
@@ -244,10 +261,13 @@ def _file_requests(args: argparse.Namespace) -> tuple[list[jsonl.Request], int]:
 
 
 def _encode_requests(
-    requests: list[jsonl.Request], encode: Callable[[str], list[int]], target: Any, source: str
+    requests: list[jsonl.Request],
+    encode: Callable[[str], list[int]],
+    context: int | None,
+    source: str,
 ) -> list[list[int]]:
-    """The token ids of every prompt, refusing (by line) one that is empty or fills the context."""
-    context = _context(target)
+    """The token ids of every prompt, refusing (by line) one that is empty or fills the
+    target's ``context``."""
     prompts = []
     for request in requests:
         ids = encode(request.prompt)
@@ -256,7 +276,8 @@ def _encode_requests(
         if context is not None and len(ids) >= context:
             raise ValueError(
                 f"{source}:{request.line}: prompt has {len(ids)} tokens but the target's "
-                f"context is {context} positions: nothing can be generated"
+                f"context is {context} positions: nothing can be generated (give at most "
+                f"{context - 1} tokens)"
             )
         prompts.append(ids)
     return prompts
@@ -282,9 +303,11 @@ def _run_file(args: argparse.Namespace) -> int:
     target_path, draft_path = model_paths(args)
     prepare_runtime(args.threads)
     tqdm = import_tqdm()
-    tokenizer, encode, target, drafter = load_models(target_path, draft_path, args)
-    prompts = _encode_requests(todo, encode, target, args.input)
-    _check_drafts_fit(args, target)
+    context = context_length(target_path)
+    tokenizer, encode = load_tokenizers(target_path, draft_path, args)
+    prompts = _encode_requests(todo, encode, context, args.input)
+    _check_drafts_fit(args, context)
+    target, drafter = load_models(target_path, draft_path, args)
     eos = eos_token_ids(tokenizer, target)
     ends = set(eos)
     with (

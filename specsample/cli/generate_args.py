@@ -4,8 +4,9 @@
 the ranges :class:`specsample.params.SamplingParams` accepts); :func:`check_arguments`
 refuses, in flag syntax, the combinations that make no sense before anything is read or
 loaded; :func:`draft_length`, :func:`batch_size`, :func:`tree_shape` and :func:`step_batch`
-read back what the run needs. The command runs on the CPU, in float32 or with the linear
-layers in the weight-only format ``--quantize`` asks for (:mod:`specsample.adapter.quantize`).
+read back what the run needs. The command runs on the CPU, each model in the dtype it loads
+in (float32 for the default pair and for GGUF files), its linear layers in the weight-only
+format ``--quantize`` asks for (:mod:`specsample.adapter.quantize`).
 
 Every option that sizes the work is bounded (``--help`` states each bound): ``-k`` by
 :data:`specsample.generate.MAX_K`, ``--max-new-tokens`` by
@@ -136,14 +137,16 @@ def _add_source_arguments(parser: argparse.ArgumentParser) -> None:
         "--quantize",
         choices=MODES,
         default="auto",
-        help="weights of both models' linear layers (default: %(default)s): auto keeps a "
-        ".gguf file's quantization (Q4_0, Q4_1 and Q4_K as int4a8 on a CPU with "
-        "AVX512-VNNI, else int4; Q8_0 as int8a8 there, else bfloat16; other quantized types "
-        "as bfloat16) and a directory's float weights; none: float32 (a .gguf file's "
-        "tensors dequantized); int4a8, int8a8 (integer weights in groups of 32 times "
-        "activations quantized to int8, by integer dot products; need numba), bfloat16, "
-        "int8 or int4: every linear layer in that format, the LM head in bfloat16. The "
-        "output follows the quantized model exactly",
+        help="weights of both models' linear layers (default: %(default)s): auto keeps the "
+        "quantization of a .gguf file of the llama architecture (Q4_0, Q4_1 and Q4_K as "
+        "int4a8 on a CPU with AVX512-VNNI, else int4; Q8_0 as int8a8 there, else bfloat16; "
+        "other quantized types as bfloat16; the rest float32) and a model directory's "
+        "weights in the dtype they load in (float32 for the default pair; a checkpoint's "
+        "own dtype, often bfloat16); none: no quantization (a .gguf file dequantized to "
+        "float32); int4a8, int8a8 (integer weights in groups of 32 times activations "
+        "quantized to int8, by integer dot products; need numba), bfloat16, int8 or int4: "
+        "every linear layer in that format, the LM head in bfloat16. The output follows the "
+        "quantized model exactly",
     )
     parser.add_argument(
         "--chat",

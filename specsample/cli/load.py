@@ -1,14 +1,16 @@
 """What ``specsample generate`` loads: the model pair, the tokenizer and how prompts are encoded.
 
 Models come from local model directories or GGUF files (with ``--quantize`` their linear
-layers kept in a weight-only format, see :mod:`specsample.adapter.loading`); each one
+layers kept in a weight-only format, see :mod:`specsample.adapter.loading`). What the run
+needs before the weights is read first: the target's context from its config alone
+(:func:`context_length`), then the tokenizers (:func:`load_tokenizers`), so that a prompt
+the context cannot hold is refused before any model loads (:func:`load_models`). Each model
 loaded is described on stderr (parameters, dtype, memory, the forward that runs it), while
 transformers' progress bars and log messages are silenced (set ``TRANSFORMERS_VERBOSITY`` to
-see its messages again). With
-``--chat`` each prompt becomes the user message of a conversation (after the ``--system``
-message, if given) laid out by the tokenizer's chat template. Generation stops at every
-end-of-sequence id of the tokenizer and of the target's generation config
-(:func:`eos_token_ids`).
+see its messages again). With ``--chat`` each prompt becomes the user message of a
+conversation (after the ``--system`` message, if given) laid out by the tokenizer's chat
+template. Generation stops at every end-of-sequence id of the tokenizer and of the target's
+generation config (:func:`eos_token_ids`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from specsample import adapter, models
+from specsample.adapter.gguf import read_gguf
 from specsample.extras import install_command
 from specsample.generate.inputs import eos_ids
 from specsample.generate.ngram import NGramDrafter
@@ -110,44 +113,120 @@ def _load_model(path: Path, role: str, quantize: str) -> Any:
     return model
 
 
-def load_models(
-    target_path: Path, draft_path: Path | None, args: argparse.Namespace
-) -> tuple[Any, Callable[[str], list[int]], Any, Any]:
-    """The tokenizer, its prompt encoder, the target model and the drafter.
+def context_length(path: Path) -> int | None:
+    """The target's context, in positions, read from its config alone: no weights load.
 
-    The drafter is the draft model, or prompt lookup when ``draft_path`` is ``None``. Both
-    paths are checked (:func:`specsample.adapter.model_source`) before anything is
-    loaded, and the tokenizers (``--chat`` included) before the models. While they load,
-    transformers reports errors only, unless ``TRANSFORMERS_VERBOSITY`` is set.
+    A model directory's ``config.json`` is read by transformers' ``AutoConfig``, which names
+    every architecture's context ``max_position_embeddings`` (GPT-2's ``n_positions``
+    included; a multimodal model's is its text config's); a GGUF file's is its
+    ``{architecture}.context_length`` metadata. Either is the value the loaded model's
+    config will hold, and the decoding loop stops at.
+
+    Parameters
+    ----------
+    path : Path
+        The target: a model directory or a ``.gguf`` file (checked first,
+        :func:`specsample.adapter.model_source`).
+
+    Returns
+    -------
+    int or None
+        The context; ``None`` when the config sets none.
+
+    Raises
+    ------
+    ValueError
+        ``path`` is neither a model directory nor a GGUF file, or transformers cannot make
+        sense of its ``config.json``.
+    OSError
+        The config or the file cannot be read.
+    """
+    source = adapter.model_source(path, role="target")
+    if source.gguf_file is not None:
+        file = read_gguf(source.gguf_file)
+        value = file.metadata.get(f"{file.architecture}.context_length")
+    else:
+        from transformers import AutoConfig
+
+        with _quiet():
+            config = AutoConfig.from_pretrained(source.directory, local_files_only=True)
+        text = config.get_text_config(decoder=True)
+        value = getattr(text, "max_position_embeddings", None)
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def load_tokenizers(
+    target_path: Path, draft_path: Path | None, args: argparse.Namespace
+) -> tuple[Any, Callable[[str], list[int]]]:
+    """The target's tokenizer and its prompt encoder, checked against the draft's tokenizer.
+
+    Both paths are checked (:func:`specsample.adapter.model_source`) before anything is
+    loaded. While the tokenizers load or encode, transformers reports errors only, unless
+    ``TRANSFORMERS_VERBOSITY`` is set (so a prompt longer than the tokenizer's maximum
+    length is reported by the command alone).
 
     Parameters
     ----------
     target_path, draft_path : Path
-        From :func:`model_paths`.
+        From :func:`model_paths` (``draft_path`` ``None``: prompt lookup, no draft tokenizer).
     args : argparse.Namespace
-        The options (``--chat``, ``--system``, ``--quantize``: ``"none"`` when absent).
+        The options (``--chat``, ``--system``).
 
     Returns
     -------
     tuple
-        ``(tokenizer, encode, target, drafter)``.
+        ``(tokenizer, encode)``.
+
+    Raises
+    ------
+    ValueError
+        A path that is neither a model directory nor a GGUF file, tokenizers that differ,
+        ``--chat`` with a tokenizer without a chat template.
     """
     adapter.model_source(target_path, role="target")
     if draft_path is not None:
         adapter.model_source(draft_path, role="draft")
     with _quiet():
         tokenizer = adapter.load_tokenizer(target_path, role="target")
-        encode = prompt_encoder(tokenizer, chat=args.chat, system=args.system)
+        plain = prompt_encoder(tokenizer, chat=args.chat, system=args.system)
         if draft_path is not None:
             draft_tokenizer = adapter.load_tokenizer(draft_path, role="draft")
             adapter.check_same_tokenizer(tokenizer, draft_tokenizer)
-        quantize = getattr(args, "quantize", "none")
+
+    def encode(text: str) -> list[int]:
+        with _quiet():
+            return plain(text)
+
+    return tokenizer, encode
+
+
+def load_models(
+    target_path: Path, draft_path: Path | None, args: argparse.Namespace
+) -> tuple[Any, Any]:
+    """The target model and the drafter: the draft model, or prompt lookup when
+    ``draft_path`` is ``None``.
+
+    While they load, transformers reports errors only, unless ``TRANSFORMERS_VERBOSITY``
+    is set; each model loaded is described on stderr.
+
+    Parameters
+    ----------
+    target_path, draft_path : Path
+        From :func:`model_paths`, checked by :func:`load_tokenizers`.
+    args : argparse.Namespace
+        The options (``--quantize``: ``"none"`` when absent).
+
+    Returns
+    -------
+    tuple
+        ``(target, drafter)``.
+    """
+    quantize = getattr(args, "quantize", "none")
+    with _quiet():
         target = _load_model(target_path, "target", quantize)
         if draft_path is None:
-            drafter = NGramDrafter()
-        else:
-            drafter = _load_model(draft_path, "draft", quantize)
-    return tokenizer, encode, target, drafter
+            return target, NGramDrafter()
+        return target, _load_model(draft_path, "draft", quantize)
 
 
 def eos_token_ids(tokenizer: Any, target: Any) -> list[int]:

@@ -5,16 +5,26 @@ otherwise every sequence is printed at the end. Then come the run's statistics
 (:func:`print_stats`), with ``--compare`` the target-only statistics and the wall-clock
 speedup (:func:`print_speedup`), and with ``--plot`` a bar chart of the acceptance by draft
 position (:func:`plot_acceptance`).
+
+The speedup is a ratio of two wall-clock runs on the same machine, so other processes
+competing for the CPUs make it noisy: :class:`CpuUse` measures the share of the wall-clock
+time the process had a CPU, and a note follows the speedup when it had one less than
+:data:`BUSY_SHARE` of the time.
 """
 
 from __future__ import annotations
 
 import sys
 import textwrap
+import time
 from typing import Any
 
 from specsample.extras import install_command
 from specsample.methods import METHODS
+
+BUSY_SHARE = 0.8
+"""Below this share of the wall-clock time on a CPU, the timed runs competed with other
+processes (a decoding loop waits for nothing else), and :func:`print_speedup` says so."""
 
 
 class Stream:
@@ -85,8 +95,37 @@ def print_stats(output: Any, method: str) -> None:
         print(f"note: {method} acceptance is lossy; this output is not a sample of the target")
 
 
-def print_speedup(output: Any, baseline: Any) -> None:
-    """The target-only statistics, then the wall-clock speedup of speculative decoding."""
+class CpuUse:
+    """The CPU time this process has had since it was made, against the wall-clock time.
+
+    Examples
+    --------
+    >>> 0.0 <= CpuUse().share()
+    True
+    """
+
+    def __init__(self) -> None:
+        self.cpu = time.process_time()
+        self.wall = time.perf_counter()
+
+    def share(self) -> float:
+        """CPU seconds per wall-clock second since :class:`CpuUse` was made (above 1 when
+        several threads ran at once; 1 when no time has passed)."""
+        wall = time.perf_counter() - self.wall
+        return (time.process_time() - self.cpu) / wall if wall > 0 else 1.0
+
+
+def print_speedup(output: Any, baseline: Any, use: CpuUse | None = None) -> None:
+    """The target-only statistics, then the wall-clock speedup of speculative decoding.
+
+    Parameters
+    ----------
+    output, baseline : GenerationOutput
+        The speculative and the target-only run.
+    use : CpuUse, optional
+        Made before both runs: when the process had a CPU less than :data:`BUSY_SHARE` of
+        the time since, a note says that other processes competed for the CPUs.
+    """
     print()
     print(baseline.stats.format_table())
     speedup = output.stats.tokens_per_s / baseline.stats.tokens_per_s
@@ -95,6 +134,13 @@ def print_speedup(output: Any, baseline: Any) -> None:
         f"target-only -> {output.stats.tokens_per_s:.1f} tokens/s speculative; tokens per "
         "second, since sampled runs may stop at EOS after different lengths)"
     )
+    share = 1.0 if use is None else use.share()
+    if share < BUSY_SHARE:
+        print(
+            f"note: this process had a CPU {share:.0%} of the time the two runs took: other "
+            "processes were competing for the CPUs, which slows both runs and makes their "
+            "ratio noisy (a quiet machine with --threads 1 gives steadier figures)"
+        )
 
 
 def plot_acceptance(stats: Any, path: str) -> None:
