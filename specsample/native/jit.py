@@ -6,12 +6,14 @@ caller's thread count.
   the installed package, in a folder named by :func:`sources_key`: a digest of numba's and
   llvmlite's versions and of every source the kernels are compiled from. Every checkout or
   installation of the same sources shares it (numba's own cache is kept per source folder).
-* **Compilation.** :func:`warm_up` compiles (or loads from that cache) every kernel on the
-  calling thread, once per process. When the cache does not hold them yet, it says so on
-  standard error first, one line (a counter on a terminal), and how long it took at the end;
-  loading is silent. The first use of a kernel (:func:`ready`) warms up the same way, so no
-  call ever compiles behind the caller's back; ``specsample warm`` (or ``make kernels``)
-  does it ahead of time. After the warm-up no kernel compiles again.
+* **Compilation.** :func:`warm_up` loads every kernel from that cache on the calling thread,
+  once per process. When the cache does not hold them yet, it says so on standard error
+  first, one line (the elapsed seconds on a terminal), and compiles them into the cache in a
+  child process before loading them: the caller never carries the compiler's leftovers, so
+  its timings are those of any later process. Loading is silent. The first use of a kernel
+  (:func:`ready`) warms up the same way, so no call ever compiles behind the caller's back;
+  ``specsample warm`` (or ``make kernels``) does it ahead of time. After the warm-up no
+  kernel compiles again.
 * **Threads.** The kernels use no more threads than PyTorch's count (:func:`threads`), and
   starting numba's thread pool leaves that count as it was.
 
@@ -28,12 +30,13 @@ import importlib
 import importlib.util
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
 import types
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -224,23 +227,56 @@ def _announce(stream: TextIO, text: str, *, end: str = "\n") -> None:
     stream.flush()
 
 
-def _compile_all(stream: TextIO) -> None:
-    """Run every kernel module's ``warm()``, with a notice on ``stream`` unless the cache
-    already holds their machine code (a counter on a terminal)."""
-    loud = not _marker().exists()
-    terminal = loud and stream.isatty()
-    notice = "specsample: compiling the CPU kernels for this machine, once (about a minute)"
-    started = time.perf_counter()
-    if loud:
-        _announce(stream, notice if terminal else f"{notice}...", end="" if terminal else "\n")
-    for done, name in enumerate(_KERNELS, start=1):
+def warm_modules(names: Sequence[str]) -> None:
+    """Run the ``warm()`` of each named module of this package: compile (or load) and
+    freeze its kernels."""
+    for name in names:
         importlib.import_module(f"specsample.native.{name}").warm()
-        if terminal:
-            _announce(stream, f"\r{notice}: {done}/{len(_KERNELS)}", end="")
-    if loud:
+
+
+_CHILD = "import sys; from specsample.native import jit; jit.warm_modules(sys.argv[1:])"
+"""What the process :func:`_compile_apart` starts runs."""
+
+
+def _compile_apart(stream: TextIO, notice: str, terminal: bool) -> bool:
+    """Compile the kernels into the cache in a child process (the same interpreter and
+    sources), the elapsed seconds on a terminal meanwhile: whether it succeeded.
+
+    The calling process then only loads them: what compiling leaves behind (numba's and
+    LLVM's objects, hundreds of megabytes) never slows it, so its timings are those of any
+    later process."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding the package
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    started = time.perf_counter()
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, *_KERNELS],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    while True:
+        try:
+            child.communicate(timeout=1.0)
+            break
+        except subprocess.TimeoutExpired:
+            if terminal:
+                _announce(stream, f"\r{notice}: {time.perf_counter() - started:.0f} s", end="")
+    return child.returncode == 0
+
+
+def _compile_all(stream: TextIO) -> None:
+    """Compile every kernel into the cache, announced on ``stream``, unless the cache
+    already holds them; then load them here (silently)."""
+    if not _marker().exists():
+        notice = "specsample: compiling the CPU kernels for this machine, once (about a minute)"
+        terminal = stream.isatty()
+        started = time.perf_counter()
+        _announce(stream, notice if terminal else f"{notice}...", end="" if terminal else "\n")
+        if not _compile_apart(stream, notice, terminal):  # as where no child can start
+            warm_modules(_KERNELS)
         seconds = time.perf_counter() - started
-        _announce(stream, f" done in {seconds:.0f} s" if terminal else
+        _announce(stream, f"\r{notice}: done in {seconds:.0f} s" if terminal else
                   f"specsample: CPU kernels compiled in {seconds:.0f} s")  # fmt: skip
+    warm_modules(_KERNELS)
     with contextlib.suppress(OSError):  # a cache that cannot be written: compiled again
         _marker().touch()
 
