@@ -38,6 +38,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from specsample.bench.measure import CpuShare
 from specsample.cli import jsonl, resume
 from specsample.cli.generate_args import (
     add_arguments,
@@ -56,7 +57,6 @@ from specsample.cli.load import (
     prepare_runtime,
 )
 from specsample.cli.output import (
-    CpuUse,
     Stream,
     plot_acceptance,
     print_sequences,
@@ -145,24 +145,26 @@ def run(args: argparse.Namespace) -> int:
         _warm_up(args, target, drafter, prompt_ids, common, memory)
     shown = [] if args.chat else prompt_ids
     stream = Stream(tokenizer, shown) if copies == 1 else None
-    use = CpuUse()
-    with _statistics_if_interrupted(stream is not None):
-        output = speculative_generate(
-            target,
-            prompts,
-            drafter,
-            **_drafting_options(args),
-            on_tokens=stream,
-            on_progress=None if stream is not None else Progress("speculative"),
-            memory=memory,
-            **common,
-        )
-    print_sequences(output, stream is not None, tokenizer, shown, args.method)
-    if args.compare:
-        with _statistics_if_interrupted(False):
-            progress = Progress("target-only")
-            baseline = target_generate(target, prompts, on_progress=progress, **common)
-        print_speedup(output, baseline, use)
+    with CpuShare() as contention:
+        with _statistics_if_interrupted(stream is not None):
+            output = speculative_generate(
+                target,
+                prompts,
+                drafter,
+                **_drafting_options(args),
+                on_tokens=stream,
+                on_progress=None if stream is not None else Progress("speculative"),
+                memory=memory,
+                **common,
+            )
+        print_sequences(output, stream is not None, tokenizer, shown, args.method)
+        baseline = None
+        if args.compare:
+            with _statistics_if_interrupted(False):
+                progress = Progress("target-only")
+                baseline = target_generate(target, prompts, on_progress=progress, **common)
+    if baseline is not None:
+        print_speedup(output, baseline, contention.share)
     if args.plot:
         plot_acceptance(output.stats, args.plot)
     return 0

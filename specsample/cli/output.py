@@ -7,24 +7,23 @@ speedup (:func:`print_speedup`), and with ``--plot`` a bar chart of the acceptan
 position (:func:`plot_acceptance`).
 
 The speedup is a ratio of two wall-clock runs on the same machine, so other processes
-competing for the CPUs make it noisy: :class:`CpuUse` measures the share of the wall-clock
-time the process had a CPU, and a note follows the speedup when it had one less than
-:data:`BUSY_SHARE` of the time.
+competing for the CPUs make it noisy: a note follows the speedup when other processes used
+:data:`BUSY_SHARE` of the CPUs or more during the two runs (as the benchmarks measure it,
+:class:`specsample.bench.measure.CpuShare`).
 """
 
 from __future__ import annotations
 
 import sys
 import textwrap
-import time
 from typing import Any
 
 from specsample.extras import install_command
 from specsample.methods import METHODS
 
-BUSY_SHARE = 0.8
-"""Below this share of the wall-clock time on a CPU, the timed runs competed with other
-processes (a decoding loop waits for nothing else), and :func:`print_speedup` says so."""
+BUSY_SHARE = 0.1
+"""From this share of the CPUs used by other processes on, the timed runs competed with
+them, and :func:`print_speedup` says so."""
 
 
 class Stream:
@@ -95,36 +94,17 @@ def print_stats(output: Any, method: str) -> None:
         print(f"note: {method} acceptance is lossy; this output is not a sample of the target")
 
 
-class CpuUse:
-    """The CPU time this process has had since it was made, against the wall-clock time.
-
-    Examples
-    --------
-    >>> 0.0 <= CpuUse().share()
-    True
-    """
-
-    def __init__(self) -> None:
-        self.cpu = time.process_time()
-        self.wall = time.perf_counter()
-
-    def share(self) -> float:
-        """CPU seconds per wall-clock second since :class:`CpuUse` was made (above 1 when
-        several threads ran at once; 1 when no time has passed)."""
-        wall = time.perf_counter() - self.wall
-        return (time.process_time() - self.cpu) / wall if wall > 0 else 1.0
-
-
-def print_speedup(output: Any, baseline: Any, use: CpuUse | None = None) -> None:
+def print_speedup(output: Any, baseline: Any, others: float | None = None) -> None:
     """The target-only statistics, then the wall-clock speedup of speculative decoding.
 
     Parameters
     ----------
     output, baseline : GenerationOutput
         The speculative and the target-only run.
-    use : CpuUse, optional
-        Made before both runs: when the process had a CPU less than :data:`BUSY_SHARE` of
-        the time since, a note says that other processes competed for the CPUs.
+    others : float, optional
+        The share of the CPUs other processes used during both runs
+        (:class:`specsample.bench.measure.CpuShare`): from :data:`BUSY_SHARE` on, a note says
+        that they competed for the CPUs.
     """
     print()
     print(baseline.stats.format_table())
@@ -134,12 +114,11 @@ def print_speedup(output: Any, baseline: Any, use: CpuUse | None = None) -> None
         f"target-only -> {output.stats.tokens_per_s:.1f} tokens/s speculative; tokens per "
         "second, since sampled runs may stop at EOS after different lengths)"
     )
-    share = 1.0 if use is None else use.share()
-    if share < BUSY_SHARE:
+    if others is not None and others >= BUSY_SHARE:
         print(
-            f"note: this process had a CPU {share:.0%} of the time the two runs took: other "
-            "processes were competing for the CPUs, which slows both runs and makes their "
-            "ratio noisy (a quiet machine with --threads 1 gives steadier figures)"
+            f"note: other processes used {others:.0%} of the CPUs during the two runs: they "
+            "slow both runs and make their ratio noisy (a quiet machine with --threads 1 "
+            "gives steadier figures)"
         )
 
 
