@@ -49,7 +49,8 @@ _KERNELS = ("hashing", "chain", "logits", "dots")
 _warmed = threading.Lock()
 _state = {"done": False, "compiled": False}
 _pool = threading.Lock()
-_pool_started: list[bool] = []
+_pool_size: list[int] = []
+"""numba's thread count, once :func:`_start_pool` has started its pool."""
 
 
 def available() -> bool:
@@ -238,45 +239,45 @@ _CHILD = "import sys; from specsample.native import jit; jit.warm_modules(sys.ar
 """What the process :func:`_compile_apart` starts runs."""
 
 
-def _compile_apart(stream: TextIO, notice: str, terminal: bool) -> bool:
+def _compile_apart(stream: TextIO, notice: str, terminal: bool) -> None:
     """Compile the kernels into the cache in a child process (the same interpreter and
-    sources), the elapsed seconds on a terminal meanwhile: whether it succeeded.
+    sources), the elapsed seconds on a terminal meanwhile.
 
     The calling process then only loads them: what compiling leaves behind (numba's and
     LLVM's objects, hundreds of megabytes) never slows it, so its timings are those of any
-    later process."""
+    later process. Where the child fails, loading compiles what is missing instead."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])  # the folder holding the package
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     started = time.perf_counter()
     child = subprocess.Popen(
         [sys.executable, "-c", _CHILD, *_KERNELS],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     while True:
         try:
-            child.communicate(timeout=1.0)
-            break
+            child.wait(timeout=1.0)
+            return
         except subprocess.TimeoutExpired:
             if terminal:
                 _announce(stream, f"\r{notice}: {time.perf_counter() - started:.0f} s", end="")
-    return child.returncode == 0
 
 
 def _compile_all(stream: TextIO) -> None:
     """Compile every kernel into the cache, announced on ``stream``, unless the cache
     already holds them; then load them here (silently)."""
-    if not _marker().exists():
-        notice = "specsample: compiling the CPU kernels for this machine, once (about a minute)"
-        terminal = stream.isatty()
-        started = time.perf_counter()
+    loud = not _marker().exists()
+    notice = "specsample: compiling the CPU kernels for this machine, once (about a minute)"
+    terminal = loud and stream.isatty()
+    started = time.perf_counter()
+    if loud:
         _announce(stream, notice if terminal else f"{notice}...", end="" if terminal else "\n")
-        if not _compile_apart(stream, notice, terminal):  # as where no child can start
-            warm_modules(_KERNELS)
+        _compile_apart(stream, notice, terminal)
+    warm_modules(_KERNELS)
+    if loud:
         seconds = time.perf_counter() - started
         _announce(stream, f"\r{notice}: done in {seconds:.0f} s" if terminal else
                   f"specsample: CPU kernels compiled in {seconds:.0f} s")  # fmt: skip
-    warm_modules(_KERNELS)
     with contextlib.suppress(OSError):  # a cache that cannot be written: compiled again
         _marker().touch()
 
@@ -297,8 +298,7 @@ def warm_up(stream: TextIO | None = None) -> bool:
     with _warmed:
         if not _state["done"]:
             try:
-                with _keeping_threads():
-                    _start_pool()
+                with _keeping_threads():  # loading a parallel kernel starts numba's pool
                     _compile_all(sys.stderr if stream is None else stream)
                 threads()
                 _state["compiled"] = True
@@ -322,8 +322,10 @@ def ready() -> bool:
     >>> ready() == available()
     True
     """
-    if _state["done"] or not _NUMBA:
-        return _NUMBA and _state["compiled"]
+    if not _NUMBA:
+        return False
+    if _state["done"]:
+        return _state["compiled"]
     return warm_up()
 
 
@@ -341,14 +343,15 @@ def _keeping_threads() -> Iterator[None]:
 
 
 def _start_pool() -> None:
-    """Start numba's thread pool, once, leaving PyTorch's thread count as it was."""
+    """Start numba's thread pool, once, leaving PyTorch's thread count as it was, and note
+    its size (:data:`_pool_size`)."""
     with _pool:
-        if not _pool_started:
+        if not _pool_size:
             import numba
 
             with _keeping_threads():
                 numba.get_num_threads()
-            _pool_started.append(True)
+            _pool_size.append(int(numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
 
 
 def threads() -> int:
@@ -366,10 +369,9 @@ def threads() -> int:
         return 1
     import numba
 
-    wanted = torch.get_num_threads()
-    if not _pool_started:
+    if not _pool_size:
         _start_pool()
-    count = max(1, min(wanted, int(getattr(numba.config, "NUMBA_NUM_THREADS"))))  # noqa: B009
+    count = max(1, min(torch.get_num_threads(), _pool_size[0]))
     if numba.get_num_threads() != count:
         numba.set_num_threads(count)
     return count
