@@ -5,7 +5,7 @@
 # Usage: benchmarks/gpu_check.sh [VENV_DIR | PYTHON] [gpu_check.py options...]
 #   The interpreter defaults to $PYTHON, then ./.venv/bin/python, then python3.
 #   Environment: CPU_TIMEOUT, GPU_TIMEOUT (seconds, default 270 each; both parts run side by
-#   side), VLLM_TIMEOUT (default 300, the vLLM end-to-end step, after them), CPU_TESTS (the
+#   side), VLLM_TIMEOUT (default 900, the vLLM serving benchmark, after them), CPU_TESTS (the
 #   pytest arguments of the CPU part, default tests/test_kernels.py), REQUIRE_GPU=1 (exit 3
 #   when no GPU is visible instead of 0, and 2 without triton instead of skipping).
 # Exit status: 0 all run parts passed (or, without triton, one "skipped: ..." line), 1 a part
@@ -82,9 +82,9 @@ fi
 vllm_status="SKIPPED (no GPU)"
 if [[ -n "$gpu" ]]; then
   echo
-  echo "== vLLM end to end (benchmarks/vllm_e2e.py): n-gram speculation with and without the plugin"
+  echo "== vLLM serving (benchmarks/vllm_e2e.py): vllm serve with and without the plugin"
   vllm_rc=0
-  timeout "${VLLM_TIMEOUT:-300}" "$python" benchmarks/vllm_e2e.py | tee "$vllm_log" || vllm_rc=$?
+  timeout "${VLLM_TIMEOUT:-900}" "$python" benchmarks/vllm_e2e.py | tee "$vllm_log" || vllm_rc=$?
   if [[ $vllm_rc -ne 0 ]]; then
     vllm_status="FAILED (exit $vllm_rc$(timed_out "$vllm_rc"))"
     gpu_rc=1

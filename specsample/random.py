@@ -325,7 +325,12 @@ class Seeding:
 
     def unseeded(self, n: int, device: torch.device) -> torch.Tensor:
         """``[batch, n]`` numbers of the rows that are not counter-seeded (others: filler):
-        each row's own generator, or the shared one."""
+        each row's own generator, or the shared one.
+
+        A row with a generator of its own draws ``max(n, STEP_STRIDE)`` numbers and reads
+        the first ``n``: a chain or block step advances it by ``STEP_STRIDE`` whatever the
+        batch's padded width, so a seeded request gives the same tokens, step after step,
+        alone or beside requests with more drafts."""
         if self.shared_rows is not None:
             out = torch.zeros(self.batch, n, dtype=torch.float64, device=device)
             if self.shared_rows.shape[0]:
@@ -342,7 +347,8 @@ class Seeding:
                     shared[i] = False
                 out = out[(shared.to(torch.int64).cumsum(0) - 1).clamp_(min=0)]
         for i, g in self.generators:
-            out[i] = torch.rand(n, dtype=torch.float64, device=g.device, generator=g).to(device)
+            own = torch.rand(max(n, STEP_STRIDE), dtype=torch.float64, device=g.device, generator=g)
+            out[i] = own[:n].to(device)
         return out
 
     def draw(self, device: torch.device, parts: list[tuple[Stream, torch.Tensor]]) -> torch.Tensor:

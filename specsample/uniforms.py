@@ -69,8 +69,9 @@ def drawn_uniforms(
     :mod:`specsample.random`), so a loop never reuses a number: not even one that only
     influenced a decision indirectly, as every ``eta_i`` does in block verification. Rows
     that read a generator draw the final number first, then the accept tests: a row's first
-    numbers do not depend on how wide the batch is, so an unseeded request verified alone or
-    beside requests with more drafts reads the same numbers.
+    numbers do not depend on how wide the batch is, and a row with a generator of its own
+    advances it by as much at every step (:meth:`Seeding.unseeded`), so a request verified
+    alone or beside requests with more drafts reads the same numbers, step after step.
 
     Parameters
     ----------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specsample import verify
 from specsample.random import Seeding, Stream, counter_uniform
 from specsample.sampler import RejectionSampler
 from specsample.testing import chi2_sf, draw_inputs, make_family
@@ -239,3 +240,34 @@ def test_host_seeds_take_every_64_bit_value() -> None:
     assert [first(2**63 + s) for s in range(8)] != [first(s) for s in range(8)]
     with pytest.raises(ValueError, match=r"\[0, 2\*\*64\)"):
         verify(logits, none, [0], temperature=1.0, seeds=[2**64])
+
+
+def test_a_request_generator_advances_alike_whatever_the_batch_width() -> None:
+    """A request with a generator of its own, verified in two steps (1 draft, then 2) alone
+    and beside a request with 5 drafts, gets the same tokens at both steps: its generator
+    advances by as much at each step whatever the batch's padded width."""
+    vocab = 6
+    data = torch.Generator().manual_seed(0)
+    steps = [
+        (torch.randn(2, vocab, generator=data), [1]),
+        (torch.randn(3, vocab, generator=data), [2, 3]),
+    ]
+    neighbour = torch.randn(6, vocab, generator=data)
+
+    def run(seed: int, crowded: bool) -> list[list[int]]:
+        own = torch.Generator().manual_seed(seed)
+        tokens = []
+        for logits, drafts in steps:
+            ids, counts = drafts, [len(drafts)]
+            if crowded:
+                logits, ids, counts = (
+                    torch.cat([logits, neighbour]),
+                    [*drafts, 0, 1, 2, 3, 4],
+                    [*counts, 5],
+                )
+            out = verify(logits, torch.tensor(ids), counts, temperature=1.0, generators={0: own})
+            tokens.append(out.token_ids[0, : len(drafts) + 1].tolist())
+        return tokens
+
+    for seed in range(20):
+        assert run(seed, crowded=False) == run(seed, crowded=True), seed

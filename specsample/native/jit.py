@@ -329,6 +329,17 @@ def ready() -> bool:
     return warm_up()
 
 
+def warmed() -> bool:
+    """Whether this process has warmed the kernels up already (nothing is warmed by asking).
+
+    Examples
+    --------
+    >>> warm_up() == warmed() == available()
+    True
+    """
+    return bool(_state["done"] and _state["compiled"])
+
+
 @contextlib.contextmanager
 def _keeping_threads() -> Iterator[None]:
     """Restore PyTorch's thread count on the calling thread after the block: starting

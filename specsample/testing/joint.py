@@ -9,7 +9,7 @@ chi-square test, its cells fixed before looking at the counts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -17,8 +17,19 @@ import torch
 from specsample.testing.chisquare import chi2_sf, pooled_cells
 
 
-def two_token_joint(model: Any, prompt: Sequence[int], *, chunk: int = 512) -> torch.Tensor:
-    """``[vocab, vocab]`` float64 ``q(x1 | prompt) q(x2 | prompt, x1)`` at temperature 1.
+def _softmax(logits: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(logits, -1)
+
+
+def two_token_joint(
+    model: Any,
+    prompt: Sequence[int],
+    *,
+    chunk: int = 512,
+    process: Callable[[torch.Tensor], torch.Tensor] = _softmax,
+) -> torch.Tensor:
+    """``[vocab, vocab]`` float64 ``q(x1 | prompt) q(x2 | prompt, x1)``, each ``q`` the
+    model's logits turned into probabilities by ``process`` (temperature 1 by default).
 
     Parameters
     ----------
@@ -28,6 +39,9 @@ def two_token_joint(model: Any, prompt: Sequence[int], *, chunk: int = 512) -> t
         The prompt's token ids.
     chunk : int
         Continuations ``x1`` scored per forward.
+    process : callable
+        ``[rows, vocab]`` float64 logits to ``[rows, vocab]`` probabilities: the sampling
+        the law is that of (temperature, top-k, top-p, ...); a softmax by default.
 
     Examples
     --------
@@ -39,13 +53,13 @@ def two_token_joint(model: Any, prompt: Sequence[int], *, chunk: int = 512) -> t
     """
     context = torch.tensor([list(prompt)])
     with torch.inference_mode():
-        first = torch.softmax(model(context).logits[0, -1].double(), -1)
+        first = process(model(context).logits[:, -1].double())[0]
         vocab = first.shape[0]
         rows = []
         for start in range(0, vocab, chunk):
             tokens = torch.arange(start, min(start + chunk, vocab)).unsqueeze(1)
             ids = torch.cat([context.expand(tokens.shape[0], -1), tokens], dim=1)
-            rows.append(torch.softmax(model(ids).logits[:, -1].double(), -1))
+            rows.append(process(model(ids).logits[:, -1].double()))
     return first.unsqueeze(1) * torch.cat(rows)
 
 

@@ -222,6 +222,21 @@ def test_drafts_without_probabilities() -> None:
     assert report.detectable_tv(0, ALPHA) <= 0.0123
 
 
+def test_block_method_verifies_drafts_without_probabilities_by_the_chain_rule() -> None:
+    """``method="block"`` with n-gram (or greedy draft-model) drafts, which come without
+    probabilities: block verification accepts exactly as many one-hot drafts in expectation
+    as the chain rule, which runs instead; the same generators give the same tokens."""
+    drafts, logits = _ragged_batch(1)
+
+    def tokens(method: str) -> list[list[int]]:
+        generators = {i: torch.Generator().manual_seed(7 + i) for i in range(len(drafts))}
+        batch = sampling_metadata([1.0] * len(drafts), vocab=VOCAB, generators=generators)
+        out = _sampler(method)(spec_metadata(drafts), None, logits, batch)
+        return out.sampled_token_ids.tolist()
+
+    assert tokens("block") == tokens("chain")
+
+
 def _ragged_batch(seed: int) -> tuple[list[list[int]], torch.Tensor]:
     """Drafts of 3, 0, 1 and 2 tokens and ``[num_tokens + batch, vocab]`` logits."""
     gen = torch.Generator().manual_seed(seed)

@@ -7,6 +7,10 @@ rebinds the name ``RejectionSampler`` in vLLM's sampler module and in its (V1) m
 runner module to :class:`~specsample.integrations.vllm.sampler.SpecsampleRejectionSampler`,
 and selects the V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0``, unless set otherwise),
 the one that builds its rejection sampler from that class. Loading it twice is harmless.
+
+What it does goes to vLLM's own log: the sampler says, when vLLM builds it, that specsample
+verifies the drafts, with which method and backend; where the swap cannot happen (vLLM's V2
+model runner chosen, or a vLLM without the V1 sampler), the plugin warns instead.
 """
 
 from __future__ import annotations
@@ -15,9 +19,9 @@ import logging
 import os
 import sys
 
-from specsample.integrations.vllm.settings import Settings
+from specsample.integrations.vllm.settings import LOGGER, Settings
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(LOGGER)
 
 SAMPLER_MODULE = "vllm.v1.sample.rejection_sampler"
 RUNNER_MODULES = ("vllm.v1.worker.gpu_model_runner",)
@@ -32,15 +36,24 @@ def register() -> None:
         install()
 
 
-def install() -> type:
+def install() -> type | None:
     """Make vLLM build :class:`SpecsampleRejectionSampler` wherever it builds its own.
 
     Returns
     -------
-    type
-        The class now bound to ``RejectionSampler`` in vLLM's modules.
+    type or None
+        The class now bound to ``RejectionSampler`` in vLLM's modules; ``None`` (and a
+        warning in vLLM's log) when this vLLM has no V1 rejection sampler to replace.
     """
-    from specsample.integrations.vllm.sampler import SpecsampleRejectionSampler
+    try:
+        from specsample.integrations.vllm.sampler import SpecsampleRejectionSampler
+    except ImportError as error:
+        logger.warning(
+            "SPECSAMPLE_VLLM=1 but specsample cannot replace this vLLM's rejection sampler "
+            "(%s); vLLM's own verifies the drafts (see specsample's docs/vllm.md)",
+            error,
+        )
+        return None
 
     for name in (SAMPLER_MODULE, *RUNNER_MODULES):
         module = sys.modules.get(name)
@@ -48,10 +61,9 @@ def install() -> type:
             module.RejectionSampler = SpecsampleRejectionSampler  # type: ignore[attr-defined]
     if os.environ.setdefault(V2_RUNNER, "0").strip().lower() in ("1", "true"):
         logger.warning(
-            "%s=1: vLLM's V2 model runner has its own rejection sampler, which specsample "
-            "does not replace; set %s=0 to verify with specsample",
+            "SPECSAMPLE_VLLM=1 but %s=1: vLLM's V2 model runner has its own rejection "
+            "sampler, which specsample does not replace; set %s=0 to verify with specsample",
             V2_RUNNER,
             V2_RUNNER,
         )
-    logger.info("specsample verifies vLLM's drafts")
     return SpecsampleRejectionSampler

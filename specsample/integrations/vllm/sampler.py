@@ -25,6 +25,8 @@ meaning: with them, :meth:`SpecsampleRejectionSampler.forward` is vLLM's own.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +38,9 @@ from vllm.v1.sample.sampler import Sampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
 from specsample import verify
-from specsample.integrations.vllm.settings import EXACT_METHODS, Settings
+from specsample.backends import resolve
+from specsample.integrations.vllm.settings import EXACT_METHODS, LOGGER, Settings
+from specsample.native import jit
 
 if TYPE_CHECKING:
     from vllm.config.speculative import SpeculativeConfig
@@ -46,6 +50,8 @@ VLLM_LOSSY_METHODS = ("synthetic", "fly")
 
 VllmRejectionSampler: Any = vllm_rejection.RejectionSampler
 """vLLM's class, as defined by vLLM (the plugin may later rebind the module's name)."""
+
+logger = logging.getLogger(LOGGER)
 
 
 def exact_method(spec_config: SpeculativeConfig | None, default: str) -> str | None:
@@ -65,6 +71,41 @@ def exact_method(spec_config: SpeculativeConfig | None, default: str) -> str | N
     if asked in VLLM_LOSSY_METHODS:
         return None
     return "block" if asked == "block" else default
+
+
+def prepare_backend(backend: str, device: torch.device | str | None) -> str:
+    """The concrete backend that verifies on ``device``, made ready to serve.
+
+    The fused CPU kernels are compiled (or loaded from the cache) here, while vLLM builds
+    its model runner, so that no request ever waits for a compiler.
+
+    Parameters
+    ----------
+    backend : str
+        ``"auto"``, ``"torch"``, ``"triton"`` or ``"cpu"``.
+    device : torch.device or str or None
+        Where vLLM runs (``None``: the CPU).
+
+    Returns
+    -------
+    str
+        ``"torch"``, ``"triton"`` or ``"cpu"`` (``"torch"`` where the CPU kernels failed to
+        compile: a warning says why).
+
+    Raises
+    ------
+    ValueError
+        ``backend`` unknown, or unable to run on ``device`` (the message says why).
+
+    Examples
+    --------
+    >>> prepare_backend("torch", "cpu")
+    'torch'
+    """
+    concrete = resolve(backend, torch.empty(0, device=device or "cpu"))
+    if concrete == "cpu" and not jit.warm_up():
+        return "torch"
+    return concrete
 
 
 def request_options(sampling_metadata: SamplingMetadata) -> dict[str, Any]:
@@ -111,7 +152,10 @@ class SpecsampleRejectionSampler(VllmRejectionSampler):  # type: ignore[misc]
     method : str or None
         The specsample rule in use; ``None`` when vLLM's own (lossy) method runs.
     backend : str
-        The specsample backend.
+        The specsample backend asked for.
+    active_backend : str
+        The backend that runs on vLLM's device (:func:`prepare_backend`); ``"vllm"`` when
+        vLLM's own method runs.
 
     Examples
     --------
@@ -140,6 +184,23 @@ class SpecsampleRejectionSampler(VllmRejectionSampler):  # type: ignore[misc]
         settings = Settings.from_env()
         self.method = exact_method(spec_config, method or settings.method)
         self.backend = backend or settings.backend
+        if self.method is None:
+            self.active_backend = "vllm"
+            logger.info(
+                "specsample: vLLM's own sampler runs rejection_sample_method=%r (lossy)",
+                getattr(spec_config, "rejection_sample_method", None),
+            )
+            return
+        started = time.perf_counter()
+        self.active_backend = prepare_backend(self.backend, device)
+        logger.info(
+            "specsample verifies the drafts: method %s, backend %s%s",
+            self.method,
+            self.active_backend,
+            f" (kernels ready in {time.perf_counter() - started:.1f} s)"
+            if self.active_backend == "cpu"
+            else "",
+        )
 
     def forward(
         self,
@@ -158,6 +219,8 @@ class SpecsampleRejectionSampler(VllmRejectionSampler):  # type: ignore[misc]
         draft_probs : torch.Tensor or None
             ``[num_tokens, vocab]`` float32 distributions the drafts were sampled from;
             ``None`` for drafts without probabilities (n-gram, greedy drafters): one-hot.
+            Such drafts are verified by the chain rule whatever the method: block
+            verification accepts exactly as many of them in expectation.
         logits : torch.Tensor
             ``[num_tokens + batch, vocab]`` the target's logits, each request's draft rows
             then its bonus row. Not modified.
@@ -190,7 +253,7 @@ class SpecsampleRejectionSampler(VllmRejectionSampler):  # type: ignore[misc]
             metadata.num_draft_tokens,
             draft_probs=draft_probs,
             bonus_token_ids=bonus.sampled_token_ids.to(torch.int64),
-            method=self.method,
+            method=self.method if draft_probs is not None else "chain",
             backend=self.backend,
             **request_options(sampling_metadata),
         )

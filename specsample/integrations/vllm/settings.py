@@ -29,6 +29,9 @@ from dataclasses import dataclass
 
 from specsample.backends import BACKENDS
 
+LOGGER = "vllm.specsample"
+"""The integration's logger: a child of vLLM's own, so its lines reach vLLM's log."""
+
 ENABLE = "SPECSAMPLE_VLLM"
 METHOD = "SPECSAMPLE_VLLM_METHOD"
 BACKEND = "SPECSAMPLE_VLLM_BACKEND"
