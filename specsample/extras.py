@@ -8,7 +8,7 @@ with every extra.)
 
 from __future__ import annotations
 
-EXTRAS = ("hf", "plot", "triton", "cpu", "vllm", "test", "dev")
+EXTRAS = ("hf", "plot", "triton", "cpu", "vllm", "vllm-cpu", "test", "dev")
 """The optional dependency groups of ``pyproject.toml``."""
 
 

@@ -79,7 +79,11 @@ TINY = {
     "real_model.py": Tiny(
         "--gguf {gguf} --cache-dir {tmp} --rounds 1 --max-new-tokens 4", "self-draft sweep"
     ),
-    "vllm_e2e.py": Tiny("--rounds 1 --prompts 2 --max-tokens 8", "EQUAL"),
+    "vllm_cold_start.py": Tiny("--rounds 1 --calls 2 --prompts 2 --max-tokens 4", "first call"),
+    "vllm_e2e.py": Tiny(
+        "--rounds 1 --methods ngram --concurrency 1 --temperatures 0 --requests 2 --max-tokens 8",
+        "EQUAL",
+    ),
 }
 """The tiny settings of every script of ``benchmarks/``.
 
