@@ -153,9 +153,6 @@ class SpecsampleRejectionSampler(VllmRejectionSampler):  # type: ignore[misc]
         The specsample rule in use; ``None`` when vLLM's own (lossy) method runs.
     backend : str
         The specsample backend asked for.
-    active_backend : str
-        The backend that runs on vLLM's device (:func:`prepare_backend`); ``"vllm"`` when
-        vLLM's own method runs.
 
     Examples
     --------
@@ -185,21 +182,19 @@ class SpecsampleRejectionSampler(VllmRejectionSampler):  # type: ignore[misc]
         self.method = exact_method(spec_config, method or settings.method)
         self.backend = backend or settings.backend
         if self.method is None:
-            self.active_backend = "vllm"
             logger.info(
                 "specsample: vLLM's own sampler runs rejection_sample_method=%r (lossy)",
                 getattr(spec_config, "rejection_sample_method", None),
             )
             return
         started = time.perf_counter()
-        self.active_backend = prepare_backend(self.backend, device)
+        runs_on = prepare_backend(self.backend, device)
+        ready = f" (kernels ready in {time.perf_counter() - started:.1f} s)"
         logger.info(
             "specsample verifies the drafts: method %s, backend %s%s",
             self.method,
-            self.active_backend,
-            f" (kernels ready in {time.perf_counter() - started:.1f} s)"
-            if self.active_backend == "cpu"
-            else "",
+            runs_on,
+            ready if runs_on == "cpu" else "",
         )
 
     def forward(
