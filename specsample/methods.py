@@ -11,9 +11,9 @@ live in :mod:`specsample.rules`.
 Examples
 --------
 >>> chain_methods()
-('chain', 'block')
+('chain', 'block', 'gumbel')
 >>> chain_methods(lossy=True)
-('chain', 'block', 'typical')
+('chain', 'block', 'gumbel', 'typical')
 >>> METHODS["block"].needs_draft_probs
 True
 >>> tree_methods()
@@ -90,6 +90,13 @@ METHODS: dict[str, Method] = {
     for m in (
         Method("chain", "chain", True, False, "token-by-token rejection sampling"),
         Method("block", "chain", True, True, "block verification: whole-prefix acceptance"),
+        Method(
+            "gumbel",
+            "chain",
+            True,
+            False,
+            "keyed Gumbel-max: the target's own seeded sample, whatever the drafter",
+        ),
         Method("typical", "chain", False, False, "typical acceptance (Medusa), LOSSY"),
         Method(
             "mss",

@@ -23,10 +23,12 @@ import torch
 from specsample import backends
 from specsample.checks import check_step_uniforms
 from specsample.metadata import BatchLayout
+from specsample.noise import request_keys, row_keys
 from specsample.params import Requests
 from specsample.plan import LogitsStep, Plan, TreeStep
 from specsample.probs import RowStats
 from specsample.random import Seeding
+from specsample.rules.gumbel import gumbel_probs
 from specsample.shared import ChainStep, TreeVerifyResult, VerifyResult
 from specsample.uniforms import drawn_uniforms
 
@@ -45,6 +47,15 @@ def target_stats(
     return backends.get(backend).row_stats(target_logits, per_row, need_norm=need_norm)
 
 
+def step_keys(layout: BatchLayout, requests: Requests, device: torch.device) -> torch.Tensor:
+    """``[target_rows]`` int64 row keys of the keyed Gumbel noise (:mod:`specsample.noise`):
+    a request's ``j``-th target row reads its key at its counter plus ``j``."""
+    keys, counters = request_keys(requests.seeding, requests.positions, device)
+    request = layout.target_request()
+    offset = torch.arange(layout.target_rows, device=device) - layout.target_start[request]
+    return row_keys(keys[request], counters[request] + offset)
+
+
 def plan_logits(
     target_logits: torch.Tensor,
     layout: BatchLayout,
@@ -53,8 +64,10 @@ def plan_logits(
     uniforms: torch.Tensor | None = None,
     need_norm: bool = False,
     backend: str = "torch",
+    keyed: bool = False,
 ) -> Plan:
-    """Plan a step: per-row statistics with each request's parameters, and the uniforms.
+    """Plan a step: per-row statistics with each request's parameters, and the uniforms
+    (with ``keyed``, the row keys of ``method="gumbel"`` instead).
 
     Parameters
     ----------
@@ -70,10 +83,17 @@ def plan_logits(
         Compute the normalisers even when every request is greedy (for log-probabilities).
     backend : str
         The concrete backend that computes the statistics.
+    keyed : bool
+        Plan a ``method="gumbel"`` step: row keys, no uniforms (``uniforms`` is refused).
     """
     sampling = requests.sampling
     stats = target_stats(target_logits, layout, requests, need_norm=need_norm, backend=backend)
     device = target_logits.device
+    if keyed:
+        if uniforms is not None:
+            raise ValueError("uniforms: method='gumbel' reads keyed Gumbel noise, not uniforms")
+        keys = None if sampling.all_greedy else step_keys(layout, requests, device)
+        return Plan(layout, stats, sampling.greedy, None, keys=keys)
     if uniforms is not None:
         uniforms = check_step_uniforms(uniforms, layout.batch, layout.max_drafts + 1, device)
         return Plan(layout, stats, sampling.greedy, None if sampling.all_greedy else uniforms)
@@ -87,7 +107,8 @@ def run_logits(step: LogitsStep, *, backend: str) -> tuple[torch.Tensor, torch.T
     """Execute a planned chain or block step on a concrete backend:
     ``(token_ids, num_accepted)``.
 
-    A step whose bonus tokens are given and that has no draft at all emits them directly.
+    A step whose bonus tokens are given and that has no draft at all emits them directly;
+    a ``method="gumbel"`` step goes to the backend's Gumbel slot.
     """
     layout, bonus_token_ids = step.plan.layout, step.bonus_token_ids
     if bonus_token_ids is not None and not layout.total_drafts:
@@ -99,6 +120,8 @@ def run_logits(step: LogitsStep, *, backend: str) -> tuple[torch.Tensor, torch.T
         )
         tokens[:, 0] = bonus_token_ids.view(-1)
         return tokens, torch.zeros(layout.batch, dtype=torch.int64, device=tokens.device)
+    if step.method == "gumbel":
+        return backends.get(backend).gumbel(step)
     return backends.get(backend).verify_logits(step)
 
 
@@ -119,9 +142,18 @@ def run_probs(
     The plan of a probability step is its uniforms alone (``[batch, k + 1]``, drawn from
     ``seeding`` at ``positions`` unless given). The caller has checked the tensors (as
     :func:`specsample.rules.chain.check_rule_inputs` does), so the rule does not again.
+    A ``method="gumbel"`` step's plan is its row keys instead
+    (:func:`specsample.rules.gumbel.gumbel_probs`, in PyTorch on every backend).
     """
     batch, k, _ = target_probs.shape
     device = target_probs.device
+    if method == "gumbel":
+        if uniforms is not None:
+            raise ValueError("uniforms: method='gumbel' reads keyed Gumbel noise, not uniforms")
+        keys, counters = request_keys(seeding, positions, device)
+        cols = torch.arange(k, device=device)
+        rows = row_keys(keys.repeat_interleave(k), (counters.unsqueeze(-1) + cols).view(-1))
+        return gumbel_probs(target_probs, draft_token_ids, bonus_token_ids, rows.view(batch, k))
     rule = backends.get(backend).prob_rule(method)
     if uniforms is None:
         drawn = drawn_uniforms(seeding, k, device, positions)

@@ -38,6 +38,10 @@ class Plan(NamedTuple):
         :func:`specsample.uniforms.drawn_uniforms`) rather than the order a step reads them
         (the accept tests, then the final draw; :meth:`step_uniforms`): a backend that reads
         them where they lie saves reordering them.
+    keys : torch.Tensor or None
+        ``[rows]`` int64 row keys of the keyed Gumbel noise (:mod:`specsample.noise`), one
+        per target row, for ``method="gumbel"`` (which draws no uniforms); ``None`` for the
+        other methods, and when every request is greedy.
     """
 
     layout: BatchLayout
@@ -45,6 +49,7 @@ class Plan(NamedTuple):
     greedy: torch.Tensor
     uniforms: torch.Tensor | None
     drawn: bool = False
+    keys: torch.Tensor | None = None
 
     def step_uniforms(self) -> torch.Tensor | None:
         """The uniforms in the order a step reads them: the accept tests, then the final
@@ -77,7 +82,8 @@ class LogitsStep(NamedTuple):
     plan : Plan
         The layout, row statistics, greedy requests and uniforms.
     method : str
-        ``"chain"`` or ``"block"`` (which needs draft rows when a request samples).
+        ``"chain"``, ``"block"`` (which needs draft rows when a request samples) or
+        ``"gumbel"`` (which reads no draft rows; its plan holds ``keys``).
     draft_probs, draft_logits : torch.Tensor or None
         ``[total_drafts, vocab]`` draft rows; neither means one-hot drafts.
     bonus_token_ids : torch.Tensor or None

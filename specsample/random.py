@@ -60,6 +60,8 @@ class Stream(enum.IntEnum):
         The draft model's samples in the generation loop.
     TRAVERSAL
         The node tests and the final draw of traversal verification.
+    GUMBEL
+        The keyed Gumbel noise of ``method="gumbel"`` (:mod:`specsample.noise`).
     """
 
     ACCEPT = 0
@@ -68,6 +70,7 @@ class Stream(enum.IntEnum):
     TREE_FINAL = 3
     DRAFT = 4
     TRAVERSAL = 5
+    GUMBEL = 6
 
 
 _STREAM_KEYS = {
@@ -77,6 +80,7 @@ _STREAM_KEYS = {
     Stream.TREE_FINAL: 0x3C6EF372,
     Stream.DRAFT: 0x5851F42D,
     Stream.TRAVERSAL: 0x2F6B1C87,
+    Stream.GUMBEL: 0x7A3B9C15,
 }
 if set(_STREAM_KEYS) != set(Stream) or len(set(_STREAM_KEYS.values())) != len(Stream):
     raise ImportError("every Stream needs a key of its own")
@@ -96,7 +100,7 @@ def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
     return (x * signed) & _MASK32
 
 
-def _mix32(x: torch.Tensor) -> torch.Tensor:
+def mix32(x: torch.Tensor) -> torch.Tensor:
     """A bijective 32-bit integer hash with strong avalanche (lowbias32)."""
     x = x ^ (x >> 16)
     x = _mul32(x, 0x7FEB352D)
@@ -123,8 +127,8 @@ def stream_key(seeds: torch.Tensor, stream: Stream | int = Stream.ACCEPT) -> tor
     if isinstance(stream, bool) or stream not in _STREAM_KEYS:
         raise ValueError(f"stream must be one of {[int(s) for s in Stream]}, got {stream}")
     seeds = seeds.to(torch.int64)
-    return _mix32(
-        _mix32((seeds & _MASK32) ^ _STREAM_KEYS[Stream(stream)]) ^ ((seeds >> 32) & _MASK32)
+    return mix32(
+        mix32((seeds & _MASK32) ^ _STREAM_KEYS[Stream(stream)]) ^ ((seeds >> 32) & _MASK32)
     )
 
 
@@ -180,9 +184,25 @@ def _hash_uniform(key: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
 
 def _hash_chain(key: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     """The hash of :func:`_hash_uniform` as integer tensor operations (any device)."""
-    inner = _mix32(((counters >> 32) & _MASK32) ^ 0x9E3779B9)
-    h = _mix32(key.unsqueeze(-1) ^ _mix32((counters & _MASK32) ^ inner))
-    return h.to(torch.float64) * (1.0 / 4294967296.0)
+    return hash_bits(key, counters).to(torch.float64) * (1.0 / 4294967296.0)
+
+
+def hash_bits(key: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """``[batch, n]`` int64 in ``[0, 2**32)``: the 32 bits :func:`counter_uniform` scales.
+
+    ``key`` is ``[batch]`` int64 (a :func:`stream_key`), ``counters`` ``[batch, n]``
+    non-negative int64.
+
+    Examples
+    --------
+    >>> import torch
+    >>> seeds, counters = torch.tensor([5]), torch.tensor([[0, 1]])
+    >>> bits = hash_bits(stream_key(seeds), counters)
+    >>> bool(torch.equal(bits.double() / 2**32, counter_uniform(seeds, counters)))
+    True
+    """
+    inner = mix32(((counters >> 32) & _MASK32) ^ 0x9E3779B9)
+    return mix32(key.unsqueeze(-1) ^ mix32((counters & _MASK32) ^ inner))
 
 
 @_hash_uniform.register_kernel("cpu")

@@ -36,6 +36,7 @@ def test_the_torch_backend_runs_the_eager_steps() -> None:
         trees.verify_tree,
         eager.log_q,
         eager.row_stats,
+        eager.verify_gumbel,
     )
     assert backend.prob_rule("chain") is chain_verify
     assert backend.prob_rule("block") is block_verify

@@ -58,6 +58,9 @@ TINY = {
         "--gguf {gguf} --cache-dir {tmp} --rounds 1 --max-new-tokens 4 --prompts 2 --lookup 2",
         "| headline | ratio |",
     ),
+    "bench_gumbel.py": Tiny(
+        "--rounds 1 --prompts 1 --max-new-tokens 4 --threads 1", "| n-gram gumbel adaptive |"
+    ),
     "bench_logits.py": Tiny("--shapes 1x1x64 --repeats 1 --threads 1", "| 64 |"),
     "bench_loop_verify.py": Tiny("--rounds 1 --calls 1 --threads 1 --shapes 2x2x64", "T=1/T=0"),
     "bench_sampler.py": Tiny("--shapes 1x1x64 --repeats 1 --threads 1", "64"),

@@ -27,7 +27,7 @@ def test_compare_reports_every_rule_with_its_exact_value() -> None:
     """
     results = compare_rules(["random", "zipf"], [1, 3], rows=4000, vocab=8, seed=2)
     assert [r.rule for r in results[: len(RULES)]] == list(RULES)
-    assert RULES == ("chain", "block", "mss", "traversal", "typical")
+    assert RULES == ("chain", "block", "gumbel", "mss", "traversal", "typical")
     for r in results:
         assert r.mean >= 1.0
         unknown = r.rule == "typical"

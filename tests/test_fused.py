@@ -6,6 +6,11 @@ without the fused forward: a ragged, left-padded prefill, draft blocks, rejected
 masked or dropped, rows selected, new rows joined, the cache compacted, and a token tree
 with a 4-D mask. Every logit agrees with transformers' forward to rounding (float64:
 1e-9; float32 with weights laid out for oneDNN: 1e-4 relative).
+
+A float32 target's forward is row-exact: a sequence's logits in blocks of drafts with
+masked rejections, in a left-padded batch with others, are bit for bit those of the
+sequence fed alone one token at a time, on one thread or two; drafts, and
+``row_exact=False``, keep the default forward.
 """
 
 from __future__ import annotations
@@ -210,3 +215,112 @@ def test_generation_with_the_fused_forward_equals_the_plain_one() -> None:
     assert target_generate(target, prompts, max_new_tokens=12).sequences == expected
     out = speculative_generate(target, prompts, draft, k=3, max_new_tokens=12, max_batch_size=2)
     assert out.sequences == expected
+
+
+def _row_exact(model: Any) -> CachedLM:
+    """``model`` in a :class:`CachedLM` whose fused forward is row-exact (the test skips
+    where it cannot be: no numba or no oneDNN)."""
+    lm = CachedLM(model)
+    if lm.fused is None or not lm.fused.exact_ready:
+        pytest.skip("no row-exact forward here (numba or oneDNN missing)")
+    assert lm.fused.row_exact and lm.choice.how == "row-exact"
+    return lm
+
+
+def _one_at_a_time(lm: CachedLM, tokens: list[int]) -> torch.Tensor:
+    """``[len(tokens), vocab]``: each position's logits, fed one token per forward at batch 1."""
+    lm.reset(1)
+    with torch.inference_mode():
+        return torch.cat(
+            [lm.forward(torch.tensor([[t]]), torch.tensor([[i]])) for i, t in enumerate(tokens)],
+            dim=1,
+        )[0]
+
+
+def _speculated(
+    lm: CachedLM, sequences: list[list[int]], prompts: list[int], k: int
+) -> list[dict[int, torch.Tensor]]:
+    """Each sequence's logits by position, fed as the loop feeds a batch: a left-padded
+    prefill of the first ``prompts[i]`` tokens, then blocks of ``k + 1`` whose rejected
+    tail (a random number of garbage drafts) is masked for good, the cache compacted now
+    and then."""
+    generator = torch.Generator().manual_seed(2)
+    batch, longest = len(sequences), max(prompts)
+    ids = torch.zeros(batch, longest, dtype=torch.int64)
+    positions, valid = torch.zeros_like(ids), torch.zeros_like(ids)
+    for b, (tokens, length) in enumerate(zip(sequences, prompts, strict=True)):
+        ids[b, longest - length :] = torch.tensor(tokens[:length])
+        positions[b, longest - length :] = torch.arange(length)
+        valid[b, longest - length :] = 1
+    lm.reset(batch)
+    seen: list[dict[int, torch.Tensor]] = [{} for _ in sequences]
+    at = list(prompts)
+    with torch.inference_mode():
+        logits = lm.forward(ids, positions, valid=valid, keep=0)
+        for b, length in enumerate(prompts):
+            seen[b].update({j: logits[b, longest - length + j] for j in range(length)})
+        while all(at[b] + k + 1 <= len(s) for b, s in enumerate(sequences)):
+            kept = torch.randint(1, k + 2, (batch,), generator=generator).tolist()
+            block = torch.randint(0, VOCAB, (batch, k + 1), generator=generator)
+            for b, n in enumerate(kept):
+                block[b, :n] = torch.tensor(sequences[b][at[b] : at[b] + n])
+            logits = lm.forward(block, torch.arange(k + 1) + torch.tensor(at)[:, None], keep=0)
+            for b, n in enumerate(kept):
+                seen[b].update({at[b] + j: logits[b, j] for j in range(n)})
+                at[b] += n
+            lm.set_tail_valid((torch.arange(k + 1) < torch.tensor(kept)[:, None]).long())
+            lm.maybe_compact(4 * max(at))
+    return seen
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_row_exact_forward_gives_each_sequence_its_logits_alone(threads: int) -> None:
+    """Bit for bit, whatever the block, the batch, its padding and its masked slots."""
+    lm = _row_exact(_model("llama", torch.float32, seed=11))
+    generator = torch.Generator().manual_seed(3)
+    sequences = [torch.randint(0, VOCAB, (n,), generator=generator).tolist() for n in (30, 26, 33)]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        alone = [_one_at_a_time(lm, tokens) for tokens in sequences]
+        for got, want in zip(_speculated(lm, sequences, [3, 9, 5], k=3), alone, strict=True):
+            assert len(got) > 10
+            for position, logits in got.items():
+                assert torch.equal(logits, want[position]), position
+        one = _speculated(lm, sequences[:1], [6], k=4)[0]
+        assert all(torch.equal(logits, alone[0][j]) for j, logits in one.items())
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_row_exact_logits_are_the_same_on_one_thread_and_two() -> None:
+    lm = _row_exact(_model("qwen2", torch.float32, seed=12))
+    tokens = list(range(1, 20))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = _one_at_a_time(lm, tokens)
+        torch.set_num_threads(1)
+        assert torch.equal(_one_at_a_time(lm, tokens), two)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_row_exact_logits_equal_the_models_own_through_every_cache_operation(name: str) -> None:
+    model = _model(name, torch.float32, seed=13)
+    lm = _row_exact(model)
+    for got, want in zip(_drive(lm), _drive(CachedLM(model, fused=False)), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * float(want.abs().max()))
+
+
+def test_drafts_and_the_asking_choose_whether_a_forward_is_row_exact() -> None:
+    model = _model("llama", torch.float32, seed=14)
+    exact = _row_exact(model).fused
+    assert exact is not None and all(p.packed is not None for p in exact.projections)
+    for lm in (CachedLM(model, role="draft"), CachedLM(model, row_exact=False)):
+        assert lm.fused is not None and not lm.fused.row_exact and not lm.fused.packed
+    forced = CachedLM(model, role="draft", row_exact=True).fused
+    assert forced is not None and forced.row_exact
+    assert fused_forward(_model("llama", seed=14), lambda f: True) is not None  # float64
+    assert not CachedLM(_model("llama", seed=15)).fused.row_exact  # type: ignore[union-attr]

@@ -592,6 +592,8 @@ def sampler_cases(draw: st.DrawFn) -> Case:
     tensors["bonus_token_ids"] = bonus
     info = {"batch": batch, "width": k + 1}
     case = Case(tensors, {**args, "init": init}, info, seed=draw(st.integers(0, 99)))
+    if init["method"] == "gumbel" and "uniforms" in tensors:
+        case.add(Fault("uniforms with gumbel", ("uniforms", "method")))
     if init["strict_mode"]:
         checks = [("target_probs", valid_probs(target[:, :k])), ("draft_probs", valid_probs(draft))]
         case.add(strict_fault([*checks, ("draft_token_ids", in_vocab(ids, vocab))]))
@@ -853,6 +855,8 @@ def verify_cases(draw: st.DrawFn, padded: bool = False) -> Case:
     case = Case({**t, **random_tensors}, a, info, seed=draw(st.integers(0, 99)))
     for name, value in {**parameters, "num_draft_tokens": a["num_draft_tokens"]}.items():
         case.put(name, value)
+    if a["method"] == "gumbel" and "uniforms" in random_tensors:
+        case.add(Fault("uniforms with gumbel", ("uniforms", "method")))
     if a["method"] == "block" and draft == "onehot":
         sampled = total > 0 and any(t >= 1e-6 for t in host["temperature"])
         names = ("method", "draft_probs", "draft_logits")

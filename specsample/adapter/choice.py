@@ -21,8 +21,10 @@ No probe runs
   variable :data:`FORWARD_ENV` (the argument wins);
 * where the fused forward does not serve the model (it keeps its own forward);
 * where the fused forward is row-exact (:attr:`~specsample.adapter.fused.FusedForward.row_exact`:
-  a quantized model whose verified blocks give bit for bit the logits of target-only
-  decoding); the model's own forward is not, so the fused one runs every shape;
+  a float32 target on a CPU, or a quantized model, whose verified blocks give bit for bit
+  the logits of target-only decoding, whatever the batch and its masked slots); the model's
+  own forward is not, so the fused one runs every shape, and ``forward="fused"`` changes
+  nothing then;
 * for a model of fewer than :data:`PROBE_MIN_WEIGHTS` weights in its linear layers, whose
   forward is mostly per-operation overhead, which the fused forward cuts: it keeps the fused
   forward (this also keeps what the tests' tiny models run free of timing).

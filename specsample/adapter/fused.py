@@ -23,13 +23,26 @@ Weight-only quantized layers (:class:`~specsample.adapter.quantize.QuantizedLine
 their format, joined the same way (:meth:`~specsample.adapter.weight_formats.QuantizedWeight.join`).
 Their products compute each row alone, bit for bit whatever the other rows, but in bfloat16,
 which turns the last-bit differences of attention over blocks of different shapes into
-differences of about 1% of the logits (0.44 on SmolLM2-135M's logits of scale 41). So where
-every projection is quantized and a probe finds a block's logits bit for bit those of its
-rows fed one at a time (:func:`rows_agree`; int4 and int8 weights, and bfloat16 ones where
-oneDNN's blocking does not depend on the rows), a forward of up to :data:`ROW_EXACT_ROWS`
-rows attends row by row (:attr:`FusedForward.row_exact`): verifying a block of drafts then
-gives exactly the logits target-only decoding gives (in a cache without masked slots, as at
-batch 1), for about 10% more time at 5 rows.
+differences of about 1% of the logits (0.44 on SmolLM2-135M's logits of scale 41).
+
+So a forward can be *row-exact* (:attr:`FusedForward.row_exact`): each position's logits
+are the same bits whether it is computed alone (target-only decoding, one token per sequence
+and forward) or inside a verified block, whatever the other sequences of the batch, the
+cache's width, its masked slots (rejected drafts, left padding) and the thread count (1 or
+2). Verifying a block of drafts then gives exactly the logits target-only decoding gives,
+which seeded decoding keyed by position needs to give the same text with and without
+drafts (:mod:`~specsample.adapter.exact`). For float32 weights on a CPU (a ``"target"``
+:class:`~specsample.adapter.lm.CachedLM`, by default :data:`ROW_EXACT_DEFAULT`) every float
+projection is laid out for oneDNN, whose product computes each row alone (probed by
+:func:`products_agree`), and attention runs the CPU kernel
+:func:`specsample.adapter.exact.attend` (:attr:`FusedForward.exact_ready`), at the speed of
+the default forward on the shipped target. Where every projection is quantized and a probe
+finds a block's logits bit for bit those of its rows fed one at a time (:func:`rows_agree`),
+attention runs the same kernel on float32 activations, else row by row for up to
+:data:`ROW_EXACT_ROWS` rows (row-exact then in a cache without masked slots, as at batch 1).
+
+A row-exact forward runs every shape (:mod:`~specsample.adapter.choice` does not hand any to
+``transformers``' own forward, which is not row-exact).
 
 It serves Llama, Mistral and Qwen2 models without a sliding window whose rotary embedding
 is static (default, linear or Llama 3 scaling). :func:`fused_forward` builds one and checks
@@ -53,7 +66,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from specsample.adapter import exact
 from specsample.adapter.cache import KVCache
+from specsample.adapter.exact import rows_agree
 from specsample.adapter.projection import Projection, can_pack
 from specsample.adapter.quantize import QuantizedLinear
 
@@ -62,7 +77,11 @@ PACK_LIMIT_BYTES = 1 << 30
 copy of the weights, so it costs their memory once more)."""
 
 ROW_EXACT_ROWS = 16
-"""Most rows a forward of a :attr:`FusedForward.row_exact` model attends to one by one."""
+"""Most rows a forward of a :attr:`FusedForward.row_exact` model attends to one by one
+without the attention kernel (:attr:`FusedForward.exact_ready` false)."""
+
+ROW_EXACT_DEFAULT = True
+"""Whether :func:`fused_forward` prepares a row-exact float32 forward unless told."""
 
 _MODEL_TYPES = frozenset({"llama", "mistral", "qwen2"})
 _ROPE_TYPES = frozenset({"default", "linear", "llama3"})
@@ -77,14 +96,15 @@ _BUILT: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], FusedForward | Non
 class _Layer:
     """One decoder layer's parameters, as :class:`FusedForward` applies them."""
 
-    def __init__(self, layer: Any, pack: bool) -> None:
+    def __init__(self, layer: Any, pack: bool, floor: int | None) -> None:
         attention, mlp = layer.self_attn, layer.mlp
         self.input_norm = _norm(layer.input_layernorm)
         self.post_norm = _norm(layer.post_attention_layernorm)
-        self.qkv = Projection([attention.q_proj, attention.k_proj, attention.v_proj], pack=pack)
-        self.out = Projection([attention.o_proj], pack=pack)
-        self.gate_up = Projection([mlp.gate_proj, mlp.up_proj], pack=pack)
-        self.down = Projection([mlp.down_proj], pack=pack)
+        joined = [attention.q_proj, attention.k_proj, attention.v_proj]
+        self.qkv = Projection(joined, pack=pack, min_elements=floor)
+        self.out = Projection([attention.o_proj], pack=pack, min_elements=floor)
+        self.gate_up = Projection([mlp.gate_proj, mlp.up_proj], pack=pack, min_elements=floor)
+        self.down = Projection([mlp.down_proj], pack=pack, min_elements=floor)
         self.projections = (self.qkv, self.out, self.gate_up, self.down)
         self.act: Callable[[torch.Tensor], torch.Tensor] = mlp.act_fn
 
@@ -125,6 +145,11 @@ class FusedForward:
         :func:`~specsample.adapter.projection.can_pack` allows and they total at most
         :data:`PACK_LIMIT_BYTES` (``False``: the model's own weights). Quantized layers
         (:class:`~specsample.adapter.quantize.QuantizedLinear`) keep their own format.
+    row_exact : bool
+        Prepare a row-exact forward where :func:`specsample.adapter.exact.possible` allows
+        (float32 on a CPU): every float weight laid out for oneDNN, however small, and
+        attention by :func:`specsample.adapter.exact.attend`. Whether it is row-exact is
+        then probed by :func:`fused_forward`.
 
     Attributes
     ----------
@@ -134,9 +159,15 @@ class FusedForward:
         The formats of the quantized weights it applies (empty for a float model).
     projections : list of Projection
         The LM head's, then each layer's.
+    exact_ready : bool
+        Whether it was prepared for a row-exact forward (``row_exact`` asked for, and
+        possible: every float weight laid out for oneDNN, attention by the CPU kernel).
     row_exact : bool
-        Whether forwards of 2 to :data:`ROW_EXACT_ROWS` rows attend row by row (set by
-        :func:`fused_forward` after :func:`rows_agree`).
+        Whether each row's logits are computed as if it were alone (set by
+        :func:`fused_forward` after :func:`products_agree` and :func:`rows_agree`):
+        attention by :func:`specsample.adapter.exact.attend` where :attr:`exact_ready`,
+        else (quantized weights without the kernel) row by row for 2 to
+        :data:`ROW_EXACT_ROWS` rows.
 
     Examples
     --------
@@ -146,8 +177,8 @@ class FusedForward:
     ...     vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
     ...     num_attention_heads=2, max_position_embeddings=64)
     >>> lm = CachedLM(transformers.LlamaForCausalLM(config).eval())
-    >>> lm.runs, isinstance(lm.fused, FusedForward)
-    ('fused forward', True)
+    >>> lm.runs.startswith("fused forward"), isinstance(lm.fused, FusedForward)
+    (True, True)
     >>> lm.reset(1)
     >>> with torch.inference_mode():
     ...     logits = lm.forward(torch.tensor([[1, 2, 3]]), torch.tensor([[0, 1, 2]]), keep=2)
@@ -155,7 +186,7 @@ class FusedForward:
     (1, 2, 32)
     """
 
-    def __init__(self, model: Any, *, pack: bool = True) -> None:
+    def __init__(self, model: Any, *, pack: bool = True, row_exact: bool = False) -> None:
         inner = model.model
         config = model.config
         modules = [module for layer in inner.layers for module in _projections(layer)]
@@ -167,15 +198,19 @@ class FusedForward:
         size = sum(w.numel() * w.element_size() for w in weights)
         pack = pack and all(can_pack(w) for w in weights) and size <= PACK_LIMIT_BYTES
         self.embedding = inner.embed_tokens.weight.detach()
-        self.layers = [_Layer(layer, pack) for layer in inner.layers]
+        device, dtype = self.embedding.device, self.embedding.dtype
+        row_exact = row_exact and (pack or not weights) and exact.possible(dtype, device)
+        floor = 0 if row_exact else None
+        self.layers = [_Layer(layer, pack, floor) for layer in inner.layers]
         self.norm = _norm(inner.norm)
-        self.head = Projection([model.lm_head], pack=pack)
+        self.head = Projection([model.lm_head], pack=pack, min_elements=floor)
         projections = [self.head, *(p for layer in self.layers for p in layer.projections)]
         self.projections = projections
         self.packed = any(p.packed is not None for p in projections)
         self.formats = tuple(
             sorted({p.quantized.format for p in projections if p.quantized is not None})
         )
+        self.exact_ready = row_exact
         self.row_exact = False
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
@@ -262,10 +297,16 @@ class FusedForward:
         """Attention of ``query [batch, heads, n, dim]`` over the cache's ``keys`` and
         ``values`` ``[batch, kv_heads, width, dim]`` under ``mask [batch, 1, n, width]``.
 
-        With :attr:`row_exact` and at most :data:`ROW_EXACT_ROWS` rows, each row attends
-        alone to the slots up to its own (a slot never sees later ones), which is the very
-        call a forward of that row alone makes.
+        With :attr:`row_exact`, each row attends alone: by
+        :func:`specsample.adapter.exact.attend` where :attr:`exact_ready` (any number of
+        rows, skipping masked slots), else for at most :data:`ROW_EXACT_ROWS` rows to the
+        slots up to its own (a slot never sees later ones), which is the very call a forward
+        of that row alone makes.
         """
+        if self.row_exact and self.exact_ready:
+            attended = exact.attend(query, keys, values, mask, self.scaling)
+            if attended is not None:
+                return attended
         gqa = self.kv_heads != self.heads
         n, width = query.shape[2], keys.shape[2]
         if not self.row_exact or n == 1 or n > ROW_EXACT_ROWS:
@@ -339,12 +380,21 @@ def unsupported(model: Any) -> str | None:
     return None
 
 
-def fused_forward(model: Any, check: Callable[[FusedForward], bool]) -> FusedForward | None:
+def fused_forward(
+    model: Any, check: Callable[[FusedForward], bool], *, row_exact: bool | None = None
+) -> FusedForward | None:
     """The :class:`FusedForward` of ``model``, or ``None`` where it does not serve it.
 
-    Built once per model and parameter fingerprint (the parameters' storage and version
-    counters, and the identity of each quantized weight), so a model whose weights are
-    replaced or changed in place gets a new one.
+    Built once per model, parameter fingerprint (the parameters' storage and version
+    counters, and the identity of each quantized weight) and ``row_exact``, so a model whose
+    weights are replaced or changed in place gets a new one.
+
+    It is row-exact (:attr:`FusedForward.row_exact`) where every projection is quantized,
+    or where it is prepared for it (:attr:`FusedForward.exact_ready`: float32 on a CPU, the
+    kernels compiled), and the probes find it so: each product laid out for oneDNN gives a
+    block's rows bit for bit as it gives them alone (:func:`products_agree`), and so does
+    the whole forward (:func:`rows_agree`). The check then runs on the forward as it will
+    run (a row-exact one that fails it is tried again without).
 
     Parameters
     ----------
@@ -353,6 +403,8 @@ def fused_forward(model: Any, check: Callable[[FusedForward], bool]) -> FusedFor
     check : callable
         Called once on a new forward; ``False`` (its logits differ from the model's own)
         means the model keeps its plain forward.
+    row_exact : bool, optional
+        Prepare a row-exact float32 forward (default :data:`ROW_EXACT_DEFAULT`).
 
     Returns
     -------
@@ -371,65 +423,38 @@ def fused_forward(model: Any, check: Callable[[FusedForward], bool]) -> FusedFor
         built = _BUILT.get(model)
     except (AttributeError, TypeError):
         return None
+    if row_exact is None:
+        row_exact = ROW_EXACT_DEFAULT
+    fingerprint += (row_exact,)
     if built is not None and built[0] == fingerprint:
         return built[1]
     fused: FusedForward | None = None
     if unsupported(model) is None:
-        fused = FusedForward(model)
-        if not check(fused):
+        fused = FusedForward(model, row_exact=row_exact)
+        quantized = all(projection.quantized is not None for projection in fused.projections)
+        if quantized or fused.exact_ready:
+            fused.row_exact = products_agree(fused) and rows_agree(fused)
+        agrees = check(fused)
+        if not agrees and fused.row_exact:
+            fused.row_exact = False
+            agrees = check(fused)
+        if not agrees:
             fused = None
-        elif all(projection.quantized is not None for projection in fused.projections):
-            fused.row_exact = rows_agree(fused)
     _BUILT[model] = (fingerprint, fused)
     return fused
 
 
-def rows_agree(fused: FusedForward, prefix: int = 5, block: int = 4) -> bool:
-    """Whether ``fused``, attending row by row, gives a block's logits bit for bit as the
-    block's rows fed one at a time do.
-
-    A probe of ``prefix`` tokens then ``block`` more goes through a fresh cache twice: the
-    block in one forward, and one token per forward. The products of int4 and int8 weights
-    compute each row alone; oneDNN's bfloat16 product does for some shapes only, so this
-    is measured, not assumed.
+def products_agree(fused: FusedForward) -> bool:
+    """Whether each of ``fused``'s products laid out for oneDNN gives a block's rows bit for
+    bit as it gives them alone (:func:`specsample.adapter.exact.products_agree`; quantized
+    products compute each row alone, float ones the model's own way are not probed).
 
     Parameters
     ----------
     fused : FusedForward
-    prefix, block : int
-        Tokens before the block, and in it.
 
     Returns
     -------
     bool
     """
-    vocab = fused.embedding.shape[0]
-    device, dtype = fused.embedding.device, fused.embedding.dtype
-    tokens = (torch.arange(prefix + block, device=device) * 7 + 3).remainder(vocab)[None]
-    before = fused.row_exact
-    fused.row_exact = True
-    try:
-        with torch.inference_mode():
-            together = _probe_logits(fused, tokens, [prefix, block], dtype)
-            alone = _probe_logits(fused, tokens, [prefix] + [1] * block, dtype)
-    finally:
-        fused.row_exact = before
-    return bool(torch.equal(together, alone))
-
-
-def _probe_logits(
-    fused: FusedForward, tokens: torch.Tensor, sizes: list[int], dtype: torch.dtype
-) -> torch.Tensor:
-    """The logits after the first block of ``tokens [1, total]`` fed in blocks of ``sizes``."""
-    cache = KVCache(1, tokens.device)
-    start, out = 0, []
-    for size in sizes:
-        cache.add_slots(size)
-        slots = torch.arange(cache.width, device=tokens.device)
-        rows = torch.arange(start, start + size, device=tokens.device)
-        mask = torch.zeros(1, 1, size, cache.width, dtype=dtype, device=tokens.device)
-        mask.masked_fill_(slots[None, :] > rows[:, None], float("-inf"))
-        ids = tokens[:, start : start + size]
-        out.append(fused(ids, rows[None], mask, cache, size))
-        start += size
-    return torch.cat(out[1:], dim=1)
+    return exact.products_agree([p for p in fused.projections if p.packed is not None])

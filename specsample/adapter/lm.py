@@ -21,6 +21,10 @@ Where the fused forward serves a model, the faster of it and the model's own for
 each shape class (1 row, several rows), as a short probe on this machine finds once per
 model and thread count (:mod:`~specsample.adapter.choice`; ``forward=`` or the environment
 variable ``SPECSAMPLE_FORWARD`` pins one).
+A target's float32 fused forward on a CPU is row-exact where it can be (``row_exact=``,
+:mod:`~specsample.adapter.exact`): a position's logits are the same bits in a verified block
+as decoded alone, whatever the batch, its padding and its masked slots, so it runs every
+shape.
 
 ``transformers`` is imported only inside the functions that need it, so ``specsample``
 imports without it.
@@ -71,6 +75,12 @@ class CachedLM:
         machine, per shape class (1 row, several rows), timed once per model and thread
         count; ``"fused"`` the fused one; ``"model"`` the model's own. Default: the
         environment variable ``SPECSAMPLE_FORWARD``, else ``"auto"``.
+    row_exact : bool, optional
+        Make a float32 fused forward on a CPU row-exact where it can
+        (:mod:`~specsample.adapter.exact`: each position's logits the same bits whatever
+        else the forward computes; it then runs every shape). Default: for a ``"target"``,
+        :data:`~specsample.adapter.fused.ROW_EXACT_DEFAULT`; otherwise ``False`` (a draft's
+        logits need not be, and its small products run faster without).
 
     Attributes
     ----------
@@ -103,6 +113,7 @@ class CachedLM:
         check: bool = True,
         fused: bool = True,
         forward: str | None = None,
+        row_exact: bool | None = None,
     ) -> None:
         mode, source = choice.forward_mode(forward)
         if not fused:
@@ -130,7 +141,9 @@ class CachedLM:
         if check and not checks.passed(model):
             check_masked_cache(model, role=role)
         if mode != "model" and self.attention.window is None:
-            self.fused = fused_forward(model, functools.partial(_fused_agrees, model))
+            exact = row_exact if row_exact is not None or role == "target" else False
+            agrees = functools.partial(_fused_agrees, model)
+            self.fused = fused_forward(model, agrees, row_exact=exact)
         if self.fused is not None:
             with torch.inference_mode():
                 self.choice = choice.choose(

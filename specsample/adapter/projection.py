@@ -47,14 +47,19 @@ class Projection:
         Layers with the same ``in_features``; their outputs are returned in order.
     pack : bool
         Lay the joined weight of float layers out for oneDNN (see :func:`can_pack`) when it
-        has at least :data:`PACK_MIN_ELEMENTS` elements; otherwise the layers run one by one
+        has at least ``min_elements`` elements; otherwise the layers run one by one
         on their own weights, which are not copied. Quantized layers
         (:class:`~specsample.adapter.quantize.QuantizedLinear`) of one format are always
         joined (:meth:`~specsample.adapter.weight_formats.QuantizedWeight.join`: each output
         bit for bit the layer's own).
+    min_elements : int
+        Fewest elements of a joined float weight laid out for oneDNN (default
+        :data:`PACK_MIN_ELEMENTS`; 0 lays out every one, as a row-exact forward needs).
 
     Attributes
     ----------
+    in_features : int
+        Width of the input rows.
     packed : tuple or None
         The joined float weight laid out for oneDNN, and the joined bias.
     quantized : QuantizedWeight or None
@@ -69,7 +74,12 @@ class Projection:
     True
     """
 
-    def __init__(self, layers: Sequence[Any], *, pack: bool) -> None:
+    def __init__(
+        self, layers: Sequence[Any], *, pack: bool, min_elements: int | None = None
+    ) -> None:
+        if min_elements is None:
+            min_elements = PACK_MIN_ELEMENTS
+        self.in_features = int(layers[0].in_features)
         self.sizes = [int(layer.out_features) for layer in layers]
         self.layers: list[Callable[[torch.Tensor], torch.Tensor]] = [
             _apply(layer) for layer in layers
@@ -87,7 +97,7 @@ class Projection:
             weights: list[QuantizedWeight] = [layer.quantized for layer in layers]
             self.quantized = weights[0] if len(weights) == 1 else type(weights[0]).join(weights)
             self.bias = _joined_bias(biases, outputs)
-        elif pack and sum(layer.weight.numel() for layer in layers) >= PACK_MIN_ELEMENTS:
+        elif pack and sum(layer.weight.numel() for layer in layers) >= min_elements:
             weight = torch.cat([layer.weight.detach() for layer in layers])
             self.packed = (
                 torch.ops.mkldnn._reorder_linear_weight(weight),

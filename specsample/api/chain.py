@@ -123,7 +123,10 @@ def verify(
         keywords below.
     method : str
         Verification rule, one of :func:`specsample.methods.chain_methods` ``(lossy=True)``;
-        ``"typical"`` (Medusa's typical acceptance) is LOSSY and needs the bonus rows.
+        ``"gumbel"`` (:mod:`specsample.rules.gumbel`) emits the target's own keyed Gumbel-max
+        sample at every position, so a seeded request's tokens do not depend on the drafts
+        (it reads no draft rows and draws no uniforms); ``"typical"`` (Medusa's typical
+        acceptance) is LOSSY and needs the bonus rows.
     backend : str
         ``"auto"``, ``"torch"``, ``"triton"`` or ``"cpu"`` (see :mod:`specsample.backends`).
     return_logprobs : bool
@@ -229,6 +232,7 @@ def verify(
             strict,
             need_norm=return_logprobs,
             backend=chosen,
+            keyed=method == "gumbel",
         )
         step = LogitsStep(
             target_logits, draft_token_ids, plan, method, bonus_token_ids=bonus, **drafts
@@ -254,10 +258,17 @@ def _plan(
     *,
     need_norm: bool,
     backend: str,
+    keyed: bool,
 ) -> Plan:
     """The step's plan; with ``strict``, given uniforms are checked too."""
     plan = pipeline.plan_logits(
-        target_logits, layout, requests, uniforms=uniforms, need_norm=need_norm, backend=backend
+        target_logits,
+        layout,
+        requests,
+        uniforms=uniforms,
+        need_norm=need_norm,
+        backend=backend,
+        keyed=keyed,
     )
     if strict and uniforms is not None:
         check_uniform_values(plan.uniforms)

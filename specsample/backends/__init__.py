@@ -13,13 +13,15 @@ A backend is a :class:`Backend`: one function per kind of step (a chain or block
 flattened logits, a rule on ``[batch, k, vocab]`` probabilities, a typical-acceptance step, a
 tree step) and the log-probabilities of emitted tokens. Every entry point reaches them through
 :mod:`specsample.pipeline` and :func:`get`, so a kernel takes over a kind of step by filling
-its slot here. The Triton backend has kernels for the chain and block steps; its typical,
-tree and log-probability slots run the PyTorch code (:mod:`~specsample.backends.lossy`,
-:mod:`~specsample.backends.trees`) until kernels exist for them. The CPU backend has kernels
-for the chain rule on probabilities and on logits, and for the statistics of rows processed
-with a temperature alone; its other slots run the PyTorch code.
+its slot here. The Triton backend has kernels for the chain, block and keyed Gumbel-max
+steps; its typical, tree and log-probability slots run the PyTorch code
+(:mod:`~specsample.backends.lossy`, :mod:`~specsample.backends.trees`) until kernels exist
+for them. The CPU backend has kernels for the chain rule on probabilities and on logits, the
+keyed Gumbel-max step, and the statistics of rows processed with a temperature alone; its
+other slots run the PyTorch code.
 
-Given the same uniforms, every backend returns the same tokens.
+Given the same uniforms (or, for ``method="gumbel"``, the same row keys), every backend
+returns the same tokens.
 
 Examples
 --------
@@ -71,6 +73,9 @@ class Backend(NamedTuple):
     row_stats : callable
         ``row_stats(logits, sampling, need_norm=...)``: the statistics of processed rows
         that a step's plan holds (:func:`specsample.backends.eager.row_stats`).
+    gumbel : callable
+        A ``method="gumbel"`` step on flattened logits after its plan (the PyTorch one:
+        :func:`specsample.backends.eager.verify_gumbel`).
     """
 
     verify_logits: Step
@@ -79,6 +84,7 @@ class Backend(NamedTuple):
     tree: Callable[..., TreeVerifyResult]
     log_q: Callable[..., torch.Tensor]
     row_stats: Callable[..., RowStats]
+    gumbel: Step
 
 
 _BACKENDS = {
@@ -89,6 +95,7 @@ _BACKENDS = {
         trees.verify_tree,
         eager.log_q,
         eager.row_stats,
+        eager.verify_gumbel,
     ),
     "triton": Backend(
         triton.verify_logits,
@@ -97,6 +104,7 @@ _BACKENDS = {
         trees.verify_tree,
         eager.log_q,
         eager.row_stats,
+        triton.verify_gumbel,
     ),
     "cpu": Backend(
         cpu.verify_logits,
@@ -105,6 +113,7 @@ _BACKENDS = {
         trees.verify_tree,
         eager.log_q,
         cpu.row_stats,
+        cpu.verify_gumbel,
     ),
 }
 

@@ -7,6 +7,8 @@
   row without a filter only for the rows the rule reads, the thresholds of top-k, top-p and
   min-p by selection), then one fused pass per sequence
   (:func:`specsample.native.logits.chain_logits`).
+* A keyed Gumbel-max step (``method="gumbel"``) on flattened logits: one pass per sequence
+  that stops at its first rejected draft (:mod:`specsample.native.gumbel`).
 * Every other slot (the block rule, typical acceptance, trees, log-probabilities) runs the
   PyTorch code of :mod:`specsample.backends.eager` until kernels exist for it.
 
@@ -270,30 +272,22 @@ def _draft_rows(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor] | None:
 def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`specsample.backends.eager.verify_logits`, by the kernel for a chain step on
     float32 CPU rows (the PyTorch code otherwise): the same tokens on the same uniforms."""
-    layout, stats, greedy, uniforms, drawn = step.plan
+    uniforms, drawn = step.plan.uniforms, step.plan.drawn
     fused = step.method == "chain" and _fused_logits(step.target_logits)
     draft = _draft_rows(step) if fused else None
     if draft is None:
         return eager.verify_logits(_with_norms(step))
     from specsample.native import logits as kernels
 
-    batch = layout.batch
+    batch = step.plan.layout.batch
     # threads share the walks of sampled sequences (greedy ones read one argmax a row)
     parallel = uniforms is not None and _parallel(step.target_logits.numel())
     kernel = kernels.chain_logits if parallel else kernels.chain_logits_serial
-    bonus = step.bonus_token_ids
-    columns = [layout.num_drafts, layout.draft_start, layout.target_start, greedy]
-    columns.append(torch.full((batch,), -1, dtype=torch.int64) if bonus is None else bonus)
-    token_ids = torch.full((batch, layout.max_drafts + 1), -1, dtype=torch.int64)
-    num_accepted = torch.empty(batch, dtype=torch.int64)
+    arrays, token_ids, num_accepted = _step_arrays(step)
     if uniforms is None:
         uniforms = torch.empty(batch, 0, dtype=torch.float64)
     kernel(
-        _dense(_float32(step.target_logits)),
-        _dense(_stacked(stats)),
-        _dense(stats.argmax),
-        _dense(torch.stack([_int64(c) for c in columns])),
-        _dense(_int64(step.draft_token_ids)),
+        *arrays,
         _dense(draft[0]),
         _dense(draft[1]),
         _dense(uniforms),
@@ -303,6 +297,64 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
         jit.threads() if parallel else 1,
     )
     return token_ids, num_accepted
+
+
+def verify_gumbel(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`specsample.backends.eager.verify_gumbel`, by the kernel on float32 (or half)
+    CPU rows (:func:`specsample.native.gumbel.gumbel_logits`, which reads a request's rows
+    up to its first mismatch alone), the PyTorch code otherwise: the same tokens.
+
+    Parameters
+    ----------
+    step : LogitsStep
+        ``[rows, vocab]`` target logits, ``[total_drafts]`` drafts and the plan (its row keys
+        ``[rows]`` int64, ``None`` when every request is greedy).
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``[batch, max_drafts + 1]`` int64 tokens (-1 padded) and ``[batch]`` int64 accepted
+        counts.
+    """
+    if not _fused_logits(step.target_logits):
+        return eager.verify_gumbel(step)
+    from specsample.native import gumbel as kernels
+
+    keys, batch = step.plan.keys, step.plan.layout.batch
+    parallel = keys is not None and batch > 1 and _parallel(step.target_logits.numel())
+    kernel = kernels.gumbel_logits if parallel else kernels.gumbel_logits_serial
+    arrays, token_ids, num_accepted = _step_arrays(step)
+    kernel(
+        *arrays,
+        _dense(torch.empty(0, dtype=torch.int64) if keys is None else _int64(keys)),
+        token_ids.numpy(),
+        num_accepted.numpy(),
+        jit.threads() if parallel else 1,
+    )
+    return token_ids, num_accepted
+
+
+def _step_arrays(
+    step: LogitsStep,
+) -> tuple[tuple[np.ndarray, ...], torch.Tensor, torch.Tensor]:
+    """The arrays every logits kernel takes first: the float32 target rows, their ``[4, rows]``
+    statistics and ``[rows]`` argmaxes, the layout as ``[5, batch]`` int64 (drafts, first
+    draft row, first target row, greedy, the given bonus token or -1) and the drafts; then
+    the outputs, ``[batch, max_drafts + 1]`` tokens filled with -1 and ``[batch]`` accepted
+    counts."""
+    plan, bonus = step.plan, step.bonus_token_ids
+    layout, stats, batch = plan.layout, plan.stats, plan.layout.batch
+    columns = [layout.num_drafts, layout.draft_start, layout.target_start, plan.greedy]
+    columns.append(torch.full((batch,), -1, dtype=torch.int64) if bonus is None else bonus)
+    arrays = (
+        _dense(_float32(step.target_logits)),
+        _dense(_stacked(stats)),
+        _dense(stats.argmax),
+        _dense(torch.stack([_int64(c) for c in columns])),
+        _dense(_int64(step.draft_token_ids)),
+    )
+    token_ids = torch.full((batch, layout.max_drafts + 1), -1, dtype=torch.int64)
+    return arrays, token_ids, torch.empty(batch, dtype=torch.int64)
 
 
 def _with_norms(step: LogitsStep) -> LogitsStep:

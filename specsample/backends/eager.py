@@ -23,6 +23,7 @@ from specsample.rules.block import (
     residual_mass_per_position,
 )
 from specsample.rules.chain import chain_verify, count_accepted
+from specsample.rules.gumbel import gumbel_argmax
 from specsample.rules.residual import sample_residual, sample_rows
 from specsample.rules.rows import LogitRows, ProbRows
 from specsample.shared import PaddedRule
@@ -213,6 +214,41 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
         sampled, drawn = rule(Step(target, source, q_at, p_at, uniforms, layout, drafts))
         num_accepted = torch.where(greedy, num_accepted, sampled)
         final = torch.where(greedy, final, drawn)
+    if bonus_token_ids is not None:
+        final = torch.where(num_accepted == layout.num_drafts, bonus_token_ids, final)
+    return _emit(drafts.ids, num_accepted, final), num_accepted
+
+
+def verify_gumbel(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
+    """A planned ``method="gumbel"`` step, in PyTorch: ``(token_ids, num_accepted)``.
+
+    Every target row's token is its keyed Gumbel-max token
+    (:func:`specsample.rules.gumbel.gumbel_argmax`; greedy requests: the argmax); drafts
+    are accepted while they equal those tokens, and the first mismatch, or the bonus row,
+    emits the target's token. The drafts' own rows are not read.
+
+    Examples
+    --------
+    >>> from specsample.plan import Plan
+    >>> logits = torch.tensor([[0.0, 50.0], [50.0, 0.0]])  # a draft row, then the bonus row
+    >>> stats = processed_stats(logits, torch.ones(2))
+    >>> plan = Plan(BatchLayout.build([1], logits.device), stats, torch.tensor([False]), None,
+    ...             keys=torch.tensor([3, 4]))
+    >>> verify_gumbel(LogitsStep(logits, torch.tensor([1]), plan, "gumbel"))
+    (tensor([[1, 0]]), tensor([1]))
+    """
+    target_logits, plan, bonus_token_ids = step.target_logits, step.plan, step.bonus_token_ids
+    layout, stats = plan.layout, plan.stats
+    tokens = stats.argmax
+    if plan.keys is not None:
+        drawn = gumbel_argmax(target_logits, stats, plan.keys)
+        tokens = torch.where(plan.greedy[layout.target_request()], tokens, drawn)
+    rows = target_logits.shape[0]
+    drafts = pad_drafts(step.draft_token_ids, layout, target_logits.shape[-1], rows)
+    usable = ~torch.isnan(stats.cutoff[drafts.target_rows])
+    matched = (drafts.ids == tokens[drafts.target_rows]) & usable & drafts.valid
+    num_accepted = count_accepted(matched[:, : layout.max_drafts])
+    final = tokens[(layout.target_start + num_accepted).clamp_(max=max(rows - 1, 0))]
     if bonus_token_ids is not None:
         final = torch.where(num_accepted == layout.num_drafts, bonus_token_ids, final)
     return _emit(drafts.ids, num_accepted, final), num_accepted

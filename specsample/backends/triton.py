@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from specsample import kernels
+from specsample.kernels import gumbel
 from specsample.plan import LogitsStep
 from specsample.shared import PaddedRule
 
@@ -19,6 +20,14 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     if step.bonus_token_ids is not None:
         step = step._replace(bonus_token_ids=step.bonus_token_ids.contiguous())
     return kernels.verify_logits(step)
+
+
+def verify_gumbel(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`specsample.backends.eager.verify_gumbel`, by the keyed Gumbel-max kernel
+    (:func:`specsample.kernels.gumbel.verify_gumbel`; same step, same tokens)."""
+    if step.bonus_token_ids is not None:
+        step = step._replace(bonus_token_ids=step.bonus_token_ids.contiguous())
+    return gumbel.verify_gumbel(step)
 
 
 def prob_rule(method: str) -> PaddedRule:

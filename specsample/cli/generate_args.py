@@ -95,8 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         'line, {"prompt": str, "id": str or int (default: the line number), and optionally '
         '"max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed"} (missing fields '
         "take the command-line values; a line without a seed gets SEED + its index, and "
-        '"seed": null is unseeded; a seeded sampled prompt is reproducible only with '
-        "--fixed-k); every bad line is reported before any model loads; needs --output",
+        '"seed": null is unseeded; a seeded sampled prompt is reproducible with '
+        "--method gumbel, or with --fixed-k); every bad line is reported before any model "
+        "loads; needs --output",
     )
     parser.add_argument(
         "--output",
@@ -261,9 +262,11 @@ def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
         type=int_in_range(0, (1 << 64) - 1),
         default=None,
         help="seed of sequence i (with --input: of the file's i-th prompt, from 0) is SEED + i "
-        "(default: unseeded). Only --fixed-k (or --tree) runs are reproducible: the adaptive "
-        "draft length, the default, follows the measured step times, so two seeded runs "
-        "without --fixed-k may differ (each is an exact sample either way)",
+        "(default: unseeded). With --method gumbel a seeded sequence is the one target-only "
+        "decoding gives for its seed, whatever the drafter, k, batch or threads; with the other "
+        "methods only --fixed-k (or --tree) runs are reproducible: the adaptive draft length, "
+        "the default, follows the measured step times, so two seeded runs without --fixed-k "
+        "may differ (each is an exact sample either way)",
     )
 
 

@@ -13,9 +13,10 @@ validates every line before anything is loaded and reports every bad line at onc
 object, that repeats a key, holds a lone surrogate (such as ``"\\ud800"``, which is no
 text), an unknown field, a field of the wrong type or out of range, or an id already used.
 
-A seed makes a sampled prompt's completion reproducible (the same models, options and
-thread count, up to floating-point differences between batch shapes) only with
-``--fixed-k``: by default the draft length of each step is chosen from the acceptance and
+A seed makes a sampled prompt's completion reproducible with ``--method gumbel`` (the
+completion target-only decoding gives for that seed), or, with the other methods, only with
+``--fixed-k`` (the same models, options and thread count, up to floating-point differences
+between batch shapes): by default the draft length of each step is chosen from the acceptance and
 the step times measured so far (:mod:`specsample.generate.policy`), and which positions are
 drafted changes the draws. Greedy prompts (temperature 0) give the target's argmax either
 way.

@@ -65,8 +65,9 @@ class Batch:
     Attributes
     ----------
     method : str
-        The rule of the chain steps: ``run.method``, or ``"chain"`` in a tree run (whose
-        steps without room for a tree are plain decoding steps).
+        The rule of the chain steps: ``run.method`` (``"gumbel"`` or ``"chain"`` for a
+        target-only run), or ``"chain"`` in a tree run (whose steps without room for a tree
+        are plain decoding steps).
     tree, draft_tree : TreeLayout and DraftTree, or None
         A tree run's node layout and the draft layout its verification takes, built once.
     """
@@ -93,7 +94,7 @@ class Batch:
         self.policy = _policy(run) if run.adaptive else None
         self.counts = torch.zeros(run.k + 1, dtype=torch.int64, device=device)
         self.offered = [0] * run.k
-        self.method = run.method if run.k and run.tree is None else "chain"
+        self.method = run.method if run.tree is None else "chain"
         self.layouts: dict[tuple[int, int], BatchLayout] = {}
         self.tree: TreeLayout | None = None
         self.draft_tree: DraftTree | None = None

@@ -130,7 +130,10 @@ class ModelDrafter:
     by inverting its CDF (:func:`specsample.random.inverse_cdf`) at a uniform keyed by
     ``(seed, position)`` on a stream of its own (see :mod:`specsample.generate.state`), and
     that distribution is returned with the drafts. In an all-greedy batch no distribution is
-    computed.
+    computed. In a keyed run (``method="gumbel"``) each draft is instead the keyed Gumbel-max
+    token of the draft's processed logits at its position
+    (:meth:`~specsample.generate.sampling.SamplingState.gumbel_tokens`), the noise the target's
+    token there reads, and no distribution is returned.
 
     Parameters
     ----------
@@ -223,7 +226,8 @@ class ModelDrafter:
         logits = self._first_logits(state)
         drafts = torch.empty(batch, k, dtype=torch.int64, device=device)
         probs = uniforms = None
-        if not sampling.all_greedy:
+        keyed = sampling.keyed and not sampling.all_greedy
+        if not (sampling.all_greedy or keyed):
             probs = torch.empty(batch, k, vocab, dtype=torch.float32, device=device)
             uniforms = sampling.draft_uniforms(state.lengths, k)
         for j in range(k):
@@ -231,6 +235,9 @@ class ModelDrafter:
                 step = (state.lengths - 1 + j).unsqueeze(1)
                 logits = self.lm.forward(drafts[:, j - 1 : j], step)[:, -1]
             logits = _fit(logits, vocab)
+            if keyed:
+                drafts[:, j] = sampling.gumbel_tokens(logits, state.lengths + j)
+                continue
             if probs is not None:
                 probs[:, j] = sampling.probs(logits)
             if probs is None or uniforms is None:

@@ -64,6 +64,7 @@ from specsample.methods import (
     check_method,
     check_traversal_drafting,
     tree_method,
+    tree_methods,
 )
 from specsample.params import SamplingParams, Seeds
 
@@ -162,6 +163,11 @@ def _tree_rule(tree: object, method: str, source: Drafter) -> str:
     if method == "traversal":
         check_traversal_drafting(drafting)
         return method
+    if method == "gumbel":
+        raise ValueError(
+            "method='gumbel' verifies chains of drafts; tree drafting takes a tree rule "
+            f"{tree_methods()!r}"
+        )
     return tree_method(drafting, None if method == "chain" else method)
 
 
@@ -198,9 +204,12 @@ class Decoder:
     method : str
         One of :func:`specsample.methods.chain_methods` ``(lossy=True)``: ``"chain"`` (token
         by token) or ``"block"`` (block verification; needs a drafter that samples, such as
-        a draft model), both exact; or ``"typical"``: Medusa's typical acceptance, which is
-        LOSSY (its output does not follow the target's distribution; see the rule's
-        entry in :data:`specsample.methods.METHODS`).
+        a draft model), both exact; ``"gumbel"`` (exact and drafter-invariant: a seeded
+        sequence's output is the one :func:`target_generate` gives for the same seed, whatever
+        the drafter, ``k``, the batch or the threads; a draft model then proposes its own
+        keyed Gumbel-max tokens, see :mod:`specsample.rules.gumbel`); or ``"typical"``:
+        Medusa's typical acceptance, which is LOSSY (its output does not follow the target's
+        distribution; see the rule's entry in :data:`specsample.methods.METHODS`).
     adaptive : bool
         Choose each step's draft length in ``0..k`` to maximise tokens per second, from the
         acceptance seen so far and the measured step times (:mod:`specsample.generate.policy`;
@@ -328,7 +337,10 @@ class Decoder:
         budgets = inputs.token_budgets(prompt_ids, max_new_tokens, lm.vocab_size, lm.max_positions)
         size = check_int("max_batch_size", count if max_batch_size is None else max_batch_size, 1)
         params = SamplingParams(temperature=0.0) if sampling is None else sampling
-        state = SamplingState.build(count, lm.device, params)
+        method = self.method
+        if self.drafter is None and _seeded(params.seeds):
+            method = "gumbel"  # seeded target-only decoding: the tokens method="gumbel" emits
+        state = SamplingState.build(count, lm.device, params, keyed=method == "gumbel")
         eos = inputs.eos_ids(eos_token_id)
         if callbacks is not None and not isinstance(callbacks, Callbacks):
             raise TypeError(f"callbacks must be a Callbacks, got {type(callbacks).__name__}")
@@ -336,7 +348,7 @@ class Decoder:
             lm=lm,
             drafter=self.drafter,
             k=self.k,
-            method=self.method,
+            method=method,
             sampling=state,
             eos=torch.tensor(eos, dtype=torch.int64, device=lm.device) if eos else None,
             callbacks=Callbacks() if callbacks is None else callbacks,
@@ -348,6 +360,13 @@ class Decoder:
         with torch.inference_mode():
             stats = decode(Batch(run, prompt_ids, budgets, size), results)
         return GenerationOutput(results, stats)
+
+
+def _seeded(seeds: Seeds | None) -> bool:
+    """Whether any prompt has a seed (a tensor's negative entries and ``None`` have none)."""
+    if isinstance(seeds, torch.Tensor):
+        return bool((seeds >= 0).any())
+    return seeds is not None and any(s is not None and s >= 0 for s in seeds)
 
 
 def _seeds(seeds: object, prompts: object) -> Seeds | None:
@@ -455,8 +474,10 @@ def target_generate(
 
     Tokens are drawn by :func:`specsample.verify` without drafts, so the processing
     (temperature, top-k, top-p, min-p; greedy at temperature 0) and the randomness keyed by
-    ``(seed, position)`` are those of :func:`speculative_generate`. A thin wrapper of
-    ``Decoder(target).generate(prompts, ...)``.
+    ``(seed, position)`` are those of :func:`speculative_generate`. With seeds, every token is
+    the keyed Gumbel-max sample of ``method="gumbel"``: ``speculative_generate(...,
+    method="gumbel")`` with the same seeds gives the same tokens (:mod:`specsample.rules.gumbel`).
+    A thin wrapper of ``Decoder(target).generate(prompts, ...)``.
 
     Parameters
     ----------

@@ -15,6 +15,12 @@ that accepts fewer than ``k - 1`` drafts redraws, in the next step, positions wh
 the previous step already used, and block verification looks at every draft of a step, so
 its decision depends on those numbers. With the stripe, a sequence's position strictly
 increases from step to step, so no counter is ever read twice.
+
+Keyed runs. A state built with ``keyed=True`` (``method="gumbel"``, and seeded target-only
+decoding) samples every token as the keyed Gumbel-max of :mod:`specsample.noise`, the draft
+model's proposals included (:meth:`SamplingState.gumbel_tokens`): a sequence without a seed
+gets one drawn from its generator (or the shared one) when the state is built, so its target
+and draft noise are keyed alike too.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from dataclasses import replace
 
 import torch
 
-from specsample.metadata import SamplingMetadata, Scalars
+from specsample.api import verify
+from specsample.metadata import BatchLayout, SamplingMetadata, Scalars
 from specsample.params import Requests, SamplingParams
 from specsample.probs import processed_probs
 from specsample.random import STEP_STRIDE, Seeding, Stream
@@ -92,6 +99,21 @@ def _host_seeds(seeds: torch.Tensor | list[int | None] | None) -> list[int | Non
     return seeds
 
 
+def _drawn_seeds(seeds: list[int | None] | None, batch: int, params: SamplingParams) -> list[int]:
+    """Every sequence's seed: its own, or one drawn from its generator (or the shared one,
+    torch's default when ``None``), in sequence order."""
+    own = dict(params.generators or {})
+    out = []
+    for i in range(batch):
+        seed = None if seeds is None else seeds[i]
+        if seed is None:
+            source = own.get(i, params.generator)
+            device = "cpu" if source is None else source.device
+            seed = int(torch.randint(0, 1 << 62, (1,), device=device, generator=source))
+        out.append(seed)
+    return out
+
+
 class SamplingState:
     """Per-sequence sampling parameters and random sources of the active sequences.
 
@@ -107,6 +129,9 @@ class SamplingState:
         The same parameters on the host (what :meth:`rows` reads its hints from).
     seeds : list of (int or None), optional
         Per-sequence seeds, ``None``: unseeded.
+    keyed : bool
+        Whether tokens are sampled as keyed Gumbel-max (``method="gumbel"``; see the module
+        docstring); every sequence is then seeded.
 
     Attributes
     ----------
@@ -128,18 +153,27 @@ class SamplingState:
     """
 
     def __init__(
-        self, requests: Requests, host: SamplingMetadata, seeds: list[int | None] | None
+        self,
+        requests: Requests,
+        host: SamplingMetadata,
+        seeds: list[int | None] | None,
+        keyed: bool = False,
     ) -> None:
         self.requests = requests
+        self.keyed = keyed
         self.metadata = requests.sampling
         self.seeding = requests.seeding
         self.host = host
         self.seeds = seeds
         self._expanded: dict[int, SamplingMetadata] = {}
+        self._plain: dict[int, BatchLayout] = {}
 
     @staticmethod
-    def build(batch: int, device: torch.device, params: SamplingParams) -> SamplingState:
-        """Validate what ``batch`` requests ask (``params``) once, for a batch on ``device``.
+    def build(
+        batch: int, device: torch.device, params: SamplingParams, *, keyed: bool = False
+    ) -> SamplingState:
+        """Validate what ``batch`` requests ask (``params``) once, for a batch on ``device``
+        (with ``keyed``, a state of a keyed run: see the module docstring).
 
         Raises
         ------
@@ -157,10 +191,13 @@ class SamplingState:
             min_p=_on_host(params.min_p),
         )
         seeds = _host_seeds(check_seeds(params.seeds, batch, device))
+        generators = params.generators
+        if keyed:
+            seeds, generators = list(_drawn_seeds(seeds, batch, params)), None
         seeding = seeding_from(
-            batch, device, seeds=seeds, generators=params.generators, generator=params.generator
+            batch, device, seeds=seeds, generators=generators, generator=params.generator
         )
-        return SamplingState(Requests(_moved(host, device), seeding), host, seeds)
+        return SamplingState(Requests(_moved(host, device), seeding), host, seeds, keyed)
 
     @property
     def device(self) -> torch.device:
@@ -196,7 +233,35 @@ class SamplingState:
         seeding = Seeding.build(
             len(rows), self.device, seeds=seeds, generators=own, generator=self.seeding.generator
         )
-        return SamplingState(Requests(metadata, seeding), host, seeds)
+        return SamplingState(Requests(metadata, seeding), host, seeds, self.keyed)
+
+    def gumbel_tokens(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``[batch]`` int64 each row's keyed Gumbel-max token at ``positions``: what
+        :func:`specsample.verify` with ``method="gumbel"`` emits there without drafts.
+
+        Parameters
+        ----------
+        logits : torch.Tensor
+            ``[batch, vocab]`` one row per sequence, processed with its parameters (greedy
+            rows take the argmax).
+        positions : torch.Tensor
+            ``[batch]`` int64 absolute position of the token each row samples.
+
+        Examples
+        --------
+        >>> params = SamplingParams(temperature=1.0, seeds=[4, 4])
+        >>> s = SamplingState.build(2, torch.device("cpu"), params, keyed=True)
+        >>> tokens = s.gumbel_tokens(torch.zeros(2, 50), torch.tensor([7, 7]))
+        >>> bool(tokens[0] == tokens[1])
+        True
+        """
+        batch = logits.shape[0]
+        layout = self._plain.get(batch)
+        if layout is None:
+            layout = self._plain[batch] = BatchLayout.build([0] * batch, self.device)
+        drafts = torch.zeros(0, dtype=torch.int64, device=self.device)
+        requests = self.requests.at(positions)
+        return verify(logits, drafts, layout, requests=requests, method="gumbel").token_ids[:, 0]
 
     def draft_uniforms(self, positions: torch.Tensor, k: int) -> torch.Tensor:
         """``[batch, k]`` float64 uniforms of a step's draft samples.

@@ -78,11 +78,15 @@ def supports(tensor: torch.Tensor) -> bool:
 _MASSES = 0
 _VERIFY = 1
 
-_LOADED: dict[bool, Any] = {}
+MODE_PACKAGES = {False: "_compiled", True: "_interpreted"}
+"""The package of each mode's copy of the kernel modules, by ``interpreting()``."""
+
+_LOADED: dict[tuple[bool, str, str], Any] = {}
 
 
-def _kernel() -> Any:
-    """The kernel for the current mode (compiled or interpreted), loaded once per mode.
+def mode_kernel(module: str, name: str) -> Any:
+    """Kernel ``name`` of the kernel module ``module`` for the current mode (compiled or
+    interpreted), loaded once per mode.
 
     Triton decides at decoration time whether a function is compiled or interpreted, so each
     mode gets its own copy of the kernel modules: they are imported as submodules of a
@@ -90,23 +94,30 @@ def _kernel() -> Any:
     path is this folder, and their relative imports stay within that copy.
     """
     interpret = interpreting()
-    kernel = _LOADED.get(interpret)
+    kernel = _LOADED.get((interpret, module, name))
     if kernel is not None:
         return kernel
     if not triton_available():
         raise RuntimeError(f"the Triton kernels need triton: {install_command('triton')}")
-    package = f"{__package__}._{'interpreted' if interpret else 'compiled'}"
+    package = f"{__package__}.{MODE_PACKAGES[interpret]}"
     if package not in sys.modules:
         spec = importlib.machinery.ModuleSpec(package, None, is_package=True)
         spec.submodule_search_locations = [str(Path(__file__).parent)]
         sys.modules[package] = importlib.util.module_from_spec(spec)
-    kernel = _LOADED[interpret] = importlib.import_module(f"{package}._jit")._step_kernel
+    loaded = importlib.import_module(f"{package}.{module}")
+    kernel = _LOADED[(interpret, module, name)] = getattr(loaded, name)
     return kernel
 
 
-KERNEL_METHODS = chain_methods()
+def _kernel() -> Any:
+    """The chain and block step kernel of :mod:`specsample.kernels._jit`, for the mode."""
+    return mode_kernel("_jit", "_step_kernel")
+
+
+KERNEL_METHODS = tuple(m for m in chain_methods() if m != "gumbel")
 """The methods the kernel runs, in the order of its ``RULE``: 0 the chain rule, 1 block
-verification (the exact chain methods of :mod:`specsample.methods`)."""
+verification (the exact chain methods of :mod:`specsample.methods` that read uniforms;
+``"gumbel"`` has a kernel of its own, :mod:`specsample.kernels.gumbel`)."""
 
 
 def _rule_id(method: str) -> int:

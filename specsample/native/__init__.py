@@ -7,6 +7,8 @@
   one pass per sequence;
 * :mod:`~specsample.native.logits`: the chain rule on flattened logits and the row statistics
   it needs;
+* :mod:`~specsample.native.gumbel`: the keyed Gumbel-max step of ``method="gumbel"`` on
+  flattened logits;
 * :mod:`~specsample.native.filters`: the top-k, top-p and min-p thresholds of a row, by
   selection;
 * :mod:`~specsample.native.floats`: the float32 arithmetic they share (a vectorised

@@ -44,7 +44,7 @@ import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 _NUMBA = importlib.util.find_spec("numba") is not None
-_KERNELS = ("hashing", "chain", "logits", "dots")
+_KERNELS = ("hashing", "chain", "logits", "dots", "rowexact", "gumbel")
 """The modules of :mod:`specsample.native` whose ``warm()`` compiles their kernels."""
 _warmed = threading.Lock()
 _state = {"done": False, "compiled": False}

@@ -3,7 +3,10 @@
 For a draft/target pair (a :class:`specsample.testing.Family`: rows that depend on the
 position and on the previous token; the pair for a shorter ``k`` is the first ``k``
 positions of the longest) and each draft length ``k``, one set of chains is
-drafted and verified by every chain rule (token-by-token, block, typical acceptance); one
+drafted and verified by every chain rule (token-by-token, block, typical acceptance); keyed
+Gumbel-max verification (``"gumbel"``) verifies chains the draft proposes with its noise (each
+draft the argmax of its row's log-probabilities plus the step's keyed noise), as a draft model
+does in a ``method="gumbel"`` run; one
 set of trees of i.i.d. children (``branching`` per node, ``k`` levels, drafted from the same
 draft rows) is verified by the top-down rule for i.i.d. drafting (``"mss"``) and by
 traversal verification (``"traversal"``, :func:`specsample.rules.tree.traversal_verify`).
@@ -37,6 +40,7 @@ from specsample.methods import (
     chain_methods,
     tree_method,
 )
+from specsample.noise import gumbel_noise
 from specsample.rules.block import block_verify
 from specsample.rules.chain import chain_verify
 from specsample.rules.tree import traversal_verify, tree_verify
@@ -194,8 +198,27 @@ def _chain_rules(family: Family, rows: int, seed: int) -> dict[str, torch.Tensor
     return {
         "chain": chain_verify(*args, uniforms).num_accepted + 1,
         "block": block_verify(*args, uniforms).num_accepted + 1,
+        "gumbel": _gumbel_chains(family, rows, seed),
         "typical": typical_acceptance(with_bonus, inputs.draft_token_ids).num_accepted + 1,
     }
+
+
+def _gumbel_chains(family: Family, rows: int, seed: int) -> torch.Tensor:
+    """``[rows]`` tokens emitted per step by keyed Gumbel-max verification of chains the draft
+    proposes with the same noise (a fresh key per row and position)."""
+    generator = torch.Generator().manual_seed(seed + 3)
+    keys = torch.randint(0, 1 << 32, (rows, family.k), generator=generator)
+    previous = torch.full((rows,), family.start)
+    agreeing = torch.ones(rows, dtype=torch.bool)
+    emitted = torch.ones(rows, dtype=torch.int64)
+    for depth in range(family.k):
+        noise = gumbel_noise(keys[:, depth], 0, family.vocab)
+        draft = (family.draft[depth, previous].double().log() + noise).argmax(dim=-1)
+        target = (family.target[depth, previous].double().log() + noise).argmax(dim=-1)
+        agreeing &= draft == target
+        emitted += agreeing.to(torch.int64)
+        previous = draft
+    return emitted
 
 
 def _tree_rules(family: Family, rows: int, branching: int, seed: int) -> dict[str, torch.Tensor]:
@@ -326,7 +349,7 @@ def compare_rules(
     --------
     >>> rows = compare_rules(["random"], [2], rows=500)
     >>> [r.rule for r in rows], rows[0].drafted, rows[3].drafted
-    (['chain', 'block', 'mss', 'traversal', 'typical'], 2, 6)
+    (['chain', 'block', 'gumbel', 'mss', 'traversal', 'typical'], 2, 6)
     """
     _check_arguments(families, ks, rows, vocab, branching)
     results: list[RuleResult] = []

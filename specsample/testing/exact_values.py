@@ -2,7 +2,10 @@
 runs, on its toy pairs (:class:`specsample.testing.Family`).
 
 Token-by-token and block verification take the law of the accepted length from
-:meth:`specsample.testing.Family.accepted_length_law`. On trees of i.i.d. children
+:meth:`specsample.testing.Family.accepted_length_law`. Keyed Gumbel-max verification
+(``"gumbel"``, drafts drawn with the same noise) accepts a draft when both argmaxes agree, which
+at a row happens on token ``x`` with probability ``1 / sum_y max(p(y) / p(x), q(y) / q(x))``
+(:func:`gumbel_agreement`). On trees of i.i.d. children
 (``branching`` per node, ``k`` levels, drafted from the draft rows) the top-down rule for
 i.i.d. drafting (MSS) and traversal verification follow from recursions over the tree's levels,
 which hold because with i.i.d. children the state of a node after a rejected child does not
@@ -20,6 +23,10 @@ import torch
 from specsample.methods import chain_methods, tree_method
 from specsample.testing.families import BLOCK_ENUMERATION_LIMIT, Family
 
+GUMBEL_RATIO_LIMIT = 1 << 28
+"""Most ``k * vocab**3`` ratios the exact value of keyed Gumbel-max verification computes
+(``vocab <= 322`` at ``k = 8``), in blocks of at most ``2**22``."""
+
 TREE_RECURSION_LIMIT = 1 << 22
 """Most ``(branching * vocab) ** k`` (weights at the deepest level) of the recursion that gives
 the exact value of traversal (``k <= 5`` at the default ``vocab = 8``, ``branching = 2``)."""
@@ -29,6 +36,61 @@ def _exact_rows(family: Family) -> tuple[torch.Tensor, torch.Tensor]:
     """The target ``[k + 1, vocab, vocab]`` and draft ``[k, vocab, vocab]`` rows in float64."""
     draft = family.draft.to(torch.float64)
     return family.reference(), draft / draft.sum(dim=-1, keepdim=True)
+
+
+def gumbel_agreement(target: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
+    """``[..., vocab]`` the probability that keyed Gumbel-max picks token ``x`` in both rows.
+
+    With shared noise ``g``, ``argmax log q + g`` and ``argmax log p + g`` are both ``x``
+    exactly when ``g_y - g_x < -log max(p(y) / p(x), q(y) / q(x))`` for every ``y``: a
+    Gumbel-max race of weights ``max(...)``, won by ``x`` (weight 1) with probability
+    ``1 / sum_y max(p(y) / p(x), q(y) / q(x))`` (0 where ``p(x) q(x) = 0``). Its sum over
+    ``x`` is at least ``(1 - TV) / (1 + TV)`` (Daliri, Musco and Suresh).
+
+    Parameters
+    ----------
+    target, draft : torch.Tensor
+        ``[..., vocab]`` distributions ``q`` and ``p``.
+
+    Examples
+    --------
+    >>> q = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    >>> gumbel_agreement(q, q).tolist()
+    [0.5, 0.5]
+    """
+    q, p = target.to(torch.float64), draft.to(torch.float64)
+    both = (q > 0) & (p > 0)
+    ratio = torch.maximum(
+        q.unsqueeze(-2) / torch.where(q > 0, q, 1.0).unsqueeze(-1),
+        p.unsqueeze(-2) / torch.where(p > 0, p, 1.0).unsqueeze(-1),
+    )
+    return torch.where(both, 1.0 / ratio.sum(dim=-1), 0.0)
+
+
+def _gumbel_tokens(family: Family) -> float:
+    """Exact tokens per step of keyed Gumbel-max verification of drafts drawn with the same
+    noise: ``1 + sum_j P(the first j drafts agree)``, the agreeing paths carried row by row
+    (``nan`` when ``k * vocab**3`` exceeds :data:`GUMBEL_RATIO_LIMIT`)."""
+    vocab = family.vocab
+    if family.k * vocab**3 > GUMBEL_RATIO_LIMIT:
+        return math.nan
+    target, draft = _exact_rows(family)
+    reach = torch.zeros(vocab, dtype=torch.float64)
+    reach[family.start] = 1.0
+    total = 1.0
+    rows = max(1, (1 << 22) // vocab**2)  # rows of [rows, vocab, vocab] ratios at a time
+    for depth in range(family.k):
+        agree = torch.cat(
+            [
+                gumbel_agreement(
+                    target[depth, start : start + rows], draft[depth, start : start + rows]
+                )
+                for start in range(0, vocab, rows)
+            ]
+        )
+        reach = reach @ agree
+        total += float(reach.sum())
+    return total
 
 
 def _mss_tokens(family: Family, branching: int) -> float:
@@ -120,7 +182,8 @@ def exact_tokens_per_step(family: Family, rule: str, branching: int) -> float:
     float
         The expectation; ``nan`` where it is unknown (typical acceptance, the rules for other
         drafting modes) or too costly (block beyond :data:`BLOCK_ENUMERATION_LIMIT` draft
-        sequences, traversal beyond :data:`TREE_RECURSION_LIMIT` weights).
+        sequences, traversal beyond :data:`TREE_RECURSION_LIMIT` weights, gumbel beyond
+        :data:`GUMBEL_RATIO_LIMIT` ratios).
 
     Examples
     --------
@@ -133,6 +196,8 @@ def exact_tokens_per_step(family: Family, rule: str, branching: int) -> float:
     True
     """
     k = family.k
+    if rule == "gumbel":
+        return _gumbel_tokens(family)
     enumerable = rule != "block" or family.vocab**k <= BLOCK_ENUMERATION_LIMIT
     if rule in chain_methods() and enumerable:
         lengths = torch.arange(k + 1, dtype=torch.float64)

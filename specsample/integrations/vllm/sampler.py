@@ -57,8 +57,9 @@ logger = logging.getLogger(LOGGER)
 def exact_method(spec_config: SpeculativeConfig | None, default: str) -> str | None:
     """The specsample rule for vLLM's ``rejection_sample_method``, ``None`` for a lossy one.
 
-    ``"standard"`` runs ``default`` (``"chain"`` or ``"block"``), ``"block"`` runs block
-    verification, and vLLM's lossy methods map to ``None`` (vLLM's own sampler runs them).
+    ``"standard"`` runs ``default`` (``"chain"``, ``"block"`` or ``"gumbel"``), ``"block"``
+    runs block verification, and vLLM's lossy methods map to ``None`` (vLLM's own sampler
+    runs them).
 
     Examples
     --------
@@ -214,8 +215,8 @@ class SpecsampleRejectionSampler(VllmRejectionSampler):  # type: ignore[misc]
         draft_probs : torch.Tensor or None
             ``[num_tokens, vocab]`` float32 distributions the drafts were sampled from;
             ``None`` for drafts without probabilities (n-gram, greedy drafters): one-hot.
-            Such drafts are verified by the chain rule whatever the method: block
-            verification accepts exactly as many of them in expectation.
+            Such drafts are verified by the chain rule when the method is ``"block"``, which
+            accepts exactly as many of them in expectation.
         logits : torch.Tensor
             ``[num_tokens + batch, vocab]`` the target's logits, each request's draft rows
             then its bonus row. Not modified.
@@ -248,7 +249,7 @@ class SpecsampleRejectionSampler(VllmRejectionSampler):  # type: ignore[misc]
             metadata.num_draft_tokens,
             draft_probs=draft_probs,
             bonus_token_ids=bonus.sampled_token_ids.to(torch.int64),
-            method=self.method if draft_probs is not None else "chain",
+            method=self.method if draft_probs is not None or self.method == "gumbel" else "chain",
             backend=self.backend,
             **request_options(sampling_metadata),
         )

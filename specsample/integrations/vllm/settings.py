@@ -36,7 +36,7 @@ ENABLE = "SPECSAMPLE_VLLM"
 METHOD = "SPECSAMPLE_VLLM_METHOD"
 BACKEND = "SPECSAMPLE_VLLM_BACKEND"
 
-EXACT_METHODS = ("chain", "block")
+EXACT_METHODS = ("chain", "block", "gumbel")
 """The specsample rules the integration runs: vLLM passes chains of drafts, not trees."""
 
 _ON = ("1", "true", "on", "yes")
