@@ -592,12 +592,11 @@ def sampler_cases(draw: st.DrawFn) -> Case:
     tensors["bonus_token_ids"] = bonus
     info = {"batch": batch, "width": k + 1}
     case = Case(tensors, {**args, "init": init}, info, seed=draw(st.integers(0, 99)))
-    if init["method"] == "gumbel" and "uniforms" in tensors:
-        case.add(Fault("uniforms with gumbel", ("uniforms", "method")))
     if init["strict_mode"]:
         checks = [("target_probs", valid_probs(target[:, :k])), ("draft_probs", valid_probs(draft))]
         case.add(strict_fault([*checks, ("draft_token_ids", in_vocab(ids, vocab))]))
     inject(draw, case, SAMPLER_FAULTS)
+    _refuse_uniforms_with_gumbel(case, init["method"])
     return draw_layouts(draw, case)
 
 
@@ -855,8 +854,6 @@ def verify_cases(draw: st.DrawFn, padded: bool = False) -> Case:
     case = Case({**t, **random_tensors}, a, info, seed=draw(st.integers(0, 99)))
     for name, value in {**parameters, "num_draft_tokens": a["num_draft_tokens"]}.items():
         case.put(name, value)
-    if a["method"] == "gumbel" and "uniforms" in random_tensors:
-        case.add(Fault("uniforms with gumbel", ("uniforms", "method")))
     if a["method"] == "block" and draft == "onehot":
         sampled = total > 0 and any(t >= 1e-6 for t in host["temperature"])
         names = ("method", "draft_probs", "draft_logits")
@@ -870,7 +867,14 @@ def verify_cases(draw: st.DrawFn, padded: bool = False) -> Case:
             checks.append((draft, not t[draft].isnan().any()))
         case.add(strict_fault(checks))
     inject(draw, case, VERIFY_FAULTS if padded else {**VERIFY_FAULTS, **FLAT_FAULTS})
+    _refuse_uniforms_with_gumbel(case, a["method"])
     return case if padded else draw_layouts(draw, case)
+
+
+def _refuse_uniforms_with_gumbel(case: Case, method: object) -> None:
+    """``method="gumbel"`` reads keyed noise: uniforms given with it must be refused."""
+    if method == "gumbel" and case.tensors.get("uniforms") is not None:
+        case.add(Fault("uniforms with gumbel", ("uniforms", "method")))
 
 
 _call_verify = _call(verify, "target_logits", "draft_token_ids", "num_draft_tokens")
