@@ -56,7 +56,7 @@ from specsample.bench import (
 )
 from specsample.cli.args import int_in_range
 from specsample.cli.bench import parse_shape
-from specsample.native import jit
+from specsample.kernels.cpu import compiler
 
 SHAPES: tuple[Shape, ...] = ((64, 4, 128256), (16, 5, 151936))
 """``(batch, k, vocab)``: Llama-3 and Qwen2 vocabularies."""
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats or (3 if args.quick else 5)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    jit.warm_up()
+    compiler.warm_up()
     nbytes = cache_flush_bytes(torch.device("cpu"))
     flush = Flusher(torch.device("cpu"), nbytes)
     results = []

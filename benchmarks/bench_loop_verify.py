@@ -29,7 +29,7 @@ from specsample import verify
 from specsample.backends import resolve
 from specsample.cli.args import int_in_range
 from specsample.cli.bench import parse_shape
-from specsample.native import jit
+from specsample.kernels.cpu import compiler
 
 SHAPES = ((1, 5, 4096), (8, 5, 4096), (1, 5, 49152), (8, 5, 49152))
 
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    jit.warm_up()
+    compiler.warm_up()
     backends = ["torch"] + (["cpu"] if resolve("auto", torch.zeros(1)) == "cpu" else [])
     print(
         f"verify at the loop's shapes (k = 5, draft probabilities), torch {torch.__version__}, "

@@ -4,9 +4,10 @@ Run through ``benchmarks/gpu_check.sh`` (see ``docs/gpu.md``); this is its CUDA 
 
 1. **exactness** on the GPU, through :func:`specsample.testing.exactness_report` with
    reduced sizes: the PyTorch path (:class:`specsample.RejectionSampler`, both rules) and the
-   Triton path (:func:`specsample.kernels.chain_kernel_verify`,
-   :func:`specsample.kernels.block_kernel_verify`) on several toy families, and the logits
-   path (:func:`specsample.verify` and the kernels' :func:`specsample.kernels.verify_logits`);
+   Triton path (:func:`specsample.kernels.triton.chain_kernel_verify`,
+   :func:`specsample.kernels.triton.block_kernel_verify`) on several toy families, and the logits
+   path (:func:`specsample.verify` and the kernels'
+   :func:`specsample.kernels.triton.verify_logits`);
 2. **parity** of the two paths on shared uniforms at large vocabularies (float32 and
    bfloat16 probabilities, and logits with a mixed greedy/sampled ragged batch): rows that
    differ must be floating-point ties (a uniform moved by at most 1e-6 reproduces them);
@@ -41,7 +42,8 @@ from typing import Any
 
 import torch
 
-from specsample import RejectionSampler, kernels, verify
+from specsample import RejectionSampler, verify
+from specsample.kernels import triton as kernels
 from specsample.probs import processed_probs
 from specsample.rules.block import block_verify
 from specsample.rules.chain import chain_verify

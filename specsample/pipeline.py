@@ -28,8 +28,9 @@ from specsample.params import Requests
 from specsample.plan import LogitsStep, Plan, TreeStep
 from specsample.probs import RowStats
 from specsample.random import Seeding
+from specsample.rules.chain import ChainStep, VerifyResult
 from specsample.rules.gumbel import gumbel_probs
-from specsample.shared import ChainStep, TreeVerifyResult, VerifyResult
+from specsample.rules.tree.structure import TreeVerifyResult
 from specsample.uniforms import drawn_uniforms
 
 

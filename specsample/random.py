@@ -13,9 +13,10 @@ Three sources are offered, chosen per row:
 The counter-based stream hashes ``(seed, stream, counter)`` with integer tensor arithmetic
 (a chain of 32-bit "lowbias32" mixers, computed in int64 without overflow), so it runs on
 any device, composes with :func:`torch.compile`, and needs no state. Its uniforms lie on a
-grid of step ``2**-32``. On CPU tensors the hash operator's kernel runs the same integer
-chain as one compiled loop once the kernels are compiled (:mod:`specsample.native.hashing`):
-the same numbers, bit for bit, in a fifth of the time.
+grid of step ``2**-32``. On CPU tensors the CPU backend gives the hash operator a kernel
+that runs the same integer chain as one compiled loop once the kernels are compiled
+(:mod:`specsample.backends.cpu`, :mod:`specsample.kernels.cpu.hashing`): the same numbers,
+bit for bit, in a fifth of the time.
 
 Streams and counters. Every consumer of counter-based numbers owns one member of
 :class:`Stream`, and every stream has its own key, so two consumers never share a number.
@@ -36,8 +37,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
-
-from specsample.native import jit
 
 _MASK32 = 0xFFFFFFFF
 
@@ -167,23 +166,23 @@ def counter_uniform(
     """
     if key is None:
         key = stream_key(seeds, stream)
-    return _hash_uniform(key, counters.to(torch.int64))
+    return hash_uniform_op(key, counters.to(torch.int64))
 
 
 @torch.library.custom_op("specsample::hash_uniform", mutates_args=())
-def _hash_uniform(key: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+def hash_uniform_op(key: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     """``[batch, n]`` float64 hash of int64 ``key [batch]`` and ``counters [batch, n]``.
 
     An operator of its own, opaque to :func:`torch.compile`: every xor-shift reads its input
     twice, so inductor, inlining the chain of mixers into each consumer, would expand it into
-    an expression tree of thousands of nodes and spend minutes generating code for it. On
-    CPU tensors its kernel is :func:`_hash_uniform_cpu`.
+    an expression tree of thousands of nodes and spend minutes generating code for it. The
+    CPU backend registers its kernel on CPU tensors (:mod:`specsample.backends.cpu`).
     """
-    return _hash_chain(key, counters)
+    return hash_chain(key, counters)
 
 
-def _hash_chain(key: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
-    """The hash of :func:`_hash_uniform` as integer tensor operations (any device)."""
+def hash_chain(key: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """The hash of :func:`hash_uniform_op` as integer tensor operations (any device)."""
     return hash_bits(key, counters).to(torch.float64) * (1.0 / 4294967296.0)
 
 
@@ -205,21 +204,7 @@ def hash_bits(key: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     return mix32(key.unsqueeze(-1) ^ mix32((counters & _MASK32) ^ inner))
 
 
-@_hash_uniform.register_kernel("cpu")
-def _hash_uniform_cpu(key: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
-    """The operator on CPU tensors: one compiled loop (:mod:`specsample.native.hashing`, the
-    same numbers bit for bit in a fifth of the time, compiled on first use), or the integer
-    tensor chain where the kernels cannot run (numba missing)."""
-    if not jit.ready():
-        return _hash_chain(key, counters)
-    from specsample.native.hashing import hash_uniform  # loaded with numba
-
-    out = torch.empty(counters.shape, dtype=torch.float64)
-    hash_uniform(key.contiguous().numpy(), counters.contiguous().numpy(), out.numpy())
-    return out
-
-
-@_hash_uniform.register_fake
+@hash_uniform_op.register_fake
 def _hash_uniform_shape(key: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     """The output's shape and dtype, for tracing: ``counters``' shape, float64."""
     return counters.new_empty(counters.shape, dtype=torch.float64)

@@ -62,7 +62,7 @@ def drawn_uniforms(
 ) -> torch.Tensor:
     """The uniforms of one chain or block step in the order they are drawn: the final draw,
     then the ``k`` accept tests. A rule that reads them in this order saves the reordering
-    (:meth:`specsample.shared.PaddedRule.run_drawn`).
+    (:meth:`specsample.rules.chain.PaddedRule.run_drawn`).
 
     Counter-seeded rows read the accept tests from :attr:`Stream.ACCEPT` and the final draw
     from :attr:`Stream.FINAL`, each in the stripe of the row's position (see

@@ -59,9 +59,9 @@ def compiled_kernels() -> None:
     kernels' in the last bits, so a test comparing two calls bit for bit must not straddle
     the end of the compilation. ``make test`` compiles them once beforehand, into the cache
     every worker then loads. Tests of the calls made before compilation fake it."""
-    from specsample.native import jit
+    from specsample.kernels.cpu import compiler
 
-    jit.warm_up()
+    compiler.warm_up()
 
 
 @pytest.fixture(scope="session", autouse=True)

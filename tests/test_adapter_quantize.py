@@ -65,7 +65,7 @@ from specsample.generate import (  # noqa: E402
     speculative_generate,
     target_generate,
 )
-from specsample.native import jit  # noqa: E402
+from specsample.kernels.cpu import compiler  # noqa: E402
 from tests.tiny_llama import make_pair  # noqa: E402
 
 BF16_STEP = 2.0**-8
@@ -85,9 +85,12 @@ TORCH_FORMATS = ("bfloat16", "int8", "int4")
 """The formats applied by PyTorch's products (bfloat16 in and out)."""
 
 DOT_FORMATS = tuple(f for f in FORMATS if f not in TORCH_FORMATS)
-"""The formats of integer dot products (:mod:`specsample.native.dots`; float32 in and out)."""
+"""The formats of integer dot products (:mod:`specsample.adapter.int_products`; float32 in and
+out)."""
 
-needs_numba = pytest.mark.skipif(not jit.available(), reason="the dot-product formats need numba")
+needs_numba = pytest.mark.skipif(
+    not compiler.available(), reason="the dot-product formats need numba"
+)
 
 ALL_FORMATS = [*TORCH_FORMATS, *(pytest.param(f, marks=needs_numba) for f in DOT_FORMATS)]
 """Every format, those of dot products skipped without numba."""
@@ -156,11 +159,11 @@ def test_dot_product_formats_ignore_the_default_dtype_and_the_rows_layout(format
 
 
 def test_dot_product_formats_without_numba_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    import specsample.native
+    import specsample.kernels.cpu
 
-    monkeypatch.setattr(jit, "available", lambda: False)
-    monkeypatch.delattr(specsample.native, "dots", raising=False)
-    monkeypatch.setitem(sys.modules, "specsample.native.dots", None)
+    monkeypatch.setattr(compiler, "available", lambda: False)
+    monkeypatch.delattr(specsample.kernels.cpu, "dots", raising=False)
+    monkeypatch.setitem(sys.modules, "specsample.adapter.int_products", None)
     with pytest.raises(RuntimeError, match="int4a8 weights need numba"):
         Int4Int8Weight.from_float(_weight(16, 32))
     with pytest.raises(RuntimeError, match="int8a8 weights need numba"):
@@ -242,7 +245,7 @@ def test_shapes_the_kernels_do_not_take_are_refused() -> None:
         Int4Weight(torch.full((16, 32), 16), torch.ones(16, 1), torch.zeros(16, 1))
     with pytest.raises(ValueError, match="format must be one of"):
         quantize_weight(torch.zeros(2, 32), "int2")
-    if jit.available():
+    if compiler.available():
         with pytest.raises(ValueError, match="in_features must be a multiple of 32"):
             Int8Int8Weight(torch.zeros(16, 48, dtype=torch.int8), torch.ones(16, 1))
         with pytest.raises(ValueError, match="group must be a multiple of 32"):

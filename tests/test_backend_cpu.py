@@ -1,4 +1,5 @@
-"""The fused CPU backend (:mod:`specsample.backends.cpu`, kernel :mod:`specsample.native.chain`).
+"""The fused CPU backend (:mod:`specsample.backends.cpu`, kernel
+:mod:`specsample.kernels.cpu.chain`).
 
 Given the same uniforms, its chain rule on probabilities returns the PyTorch rule's tokens and
 accepted counts, column for column: on random rows of several vocabularies (one block, a
@@ -19,19 +20,18 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from specsample import RejectionSampler, verify
 from specsample.backends import cpu
-from specsample.native import chain, jit
+from specsample.kernels.cpu import chain, compiler
 from specsample.rules.block import block_verify
-from specsample.rules.chain import chain_verify
-from specsample.shared import ChainStep
+from specsample.rules.chain import ChainStep, chain_verify
 from specsample.testing import exactness_report, make_family
 
-pytestmark = pytest.mark.skipif(not jit.available(), reason="the CPU backend needs numba")
+pytestmark = pytest.mark.skipif(not compiler.available(), reason="the CPU backend needs numba")
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _compiled() -> None:
-    jit.warm_up()
-    assert jit.ready()
+    compiler.warm_up()
+    assert compiler.ready()
 
 
 def _case(
@@ -73,7 +73,7 @@ def test_uniforms_in_drawn_order_give_the_step_order_result(
     """``run_drawn`` on the uniforms as drawn (final draw first) equals ``run`` on them in
     step order, for the kernel (which reads them in place) and the PyTorch rules."""
     if not ready:
-        monkeypatch.setattr(jit, "ready", lambda: False)
+        monkeypatch.setattr(compiler, "ready", lambda: False)
     verifier = {"fused": cpu.fused_chain, "chain": chain_verify, "block": block_verify}[rule]
     for seed in range(4):
         q, p, ids, bonus, uniforms = _case(6, 3, 700, torch.float32, seed)
@@ -175,7 +175,7 @@ def test_calls_without_kernels_run_the_pytorch_rule(monkeypatch: pytest.MonkeyPa
     def kernel(*args: object) -> None:
         raise AssertionError("the kernel ran where it could not")
 
-    monkeypatch.setattr(jit, "ready", lambda: False)
+    monkeypatch.setattr(compiler, "ready", lambda: False)
     monkeypatch.setattr(chain, "chain_rule", kernel)
     monkeypatch.setattr(chain, "chain_rule_serial", kernel)
     _assert_same(*_case(2, 2, 50, torch.float32, seed=7))

@@ -13,9 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specsample import backends, kernels
+from specsample import backends
 from specsample.backends import BACKENDS, Backend, cpu, eager, lossy, trees
-from specsample.native import jit
+from specsample.kernels import triton as kernels
+from specsample.kernels.cpu import compiler
 from specsample.rules.block import block_verify
 from specsample.rules.chain import chain_verify
 
@@ -33,7 +34,7 @@ def test_the_torch_backend_runs_the_eager_steps() -> None:
         eager.verify_logits,
         eager.prob_rule,
         lossy.verify_typical,
-        trees.verify_tree,
+        trees.tree_step,
         eager.log_q,
         eager.row_stats,
         eager.verify_gumbel,
@@ -62,7 +63,7 @@ def test_the_cpu_backend_has_kernels_for_the_chain_rule_and_row_statistics() -> 
 
 def test_resolve_picks_the_backend_for_the_tensor() -> None:
     cpu_tensor = torch.zeros(2, 3)
-    assert backends.resolve("auto", cpu_tensor) == ("cpu" if jit.available() else "torch")
+    assert backends.resolve("auto", cpu_tensor) == ("cpu" if compiler.available() else "torch")
     assert backends.resolve("torch", cpu_tensor) == "torch"
     assert backends.resolve("torch", torch.zeros(0, dtype=torch.float16)) == "torch"
     if kernels.supports(cpu_tensor):
@@ -70,7 +71,7 @@ def test_resolve_picks_the_backend_for_the_tensor() -> None:
     else:
         with pytest.raises(ValueError, match="backend='triton' cannot run on cpu tensors"):
             backends.resolve("triton", cpu_tensor)
-    if jit.available():
+    if compiler.available():
         assert backends.resolve("cpu", cpu_tensor) == "cpu"
     else:
         with pytest.raises(ValueError, match="backend='cpu' cannot run on cpu tensors"):

@@ -19,7 +19,7 @@ from torch._dynamo.utils import counters
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from specsample import RejectionSampler, verify
-from specsample.native import jit
+from specsample.kernels.cpu import compiler
 from specsample.random import Seeding, Stream, counter_uniform
 from specsample.uniforms import drawn_uniforms
 
@@ -194,7 +194,7 @@ def test_counter_hash_is_one_opaque_operator() -> None:
     Every xor-shift of the hash reads its input twice; inlined into its consumers, the chain
     grows into an expression tree that took inductor minutes to generate code for.
     """
-    jit.warm_up()  # the compiled CPU loop, where numba is installed, must not run
+    compiler.warm_up()  # the compiled CPU loop, where numba is installed, must not run
     seeds, counters_ = torch.arange(3), torch.arange(4).expand(3, 4)
     graph = make_fx(lambda s, c: counter_uniform(s, c, Stream.FINAL))(seeds, counters_)
     calls = [str(node.target) for node in graph.graph.nodes if node.op == "call_function"]

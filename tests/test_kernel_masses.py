@@ -1,7 +1,7 @@
 """The kernels' block masses against the PyTorch rules', bit for bit, on half precision too.
 
 The residual draw first picks a block of 1024 columns from the block masses ``sum q`` and
-``sum max(w q - p, 0)``. :func:`specsample.kernels.padded.kernel_block_masses` runs the
+``sum max(w q - p, 0)``. :func:`specsample.kernels.triton.padded.kernel_block_masses` runs the
 kernel that computes them alone; here its masses must equal those of
 :func:`specsample.rules.residual.block_masses` (chain rule, the row at the first rejection)
 and :func:`specsample.rules.block.residual_mass_per_position` (block rule, every position
@@ -28,13 +28,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specsample import kernels
-from specsample.kernels.padded import kernel_block_masses
+from specsample.kernels import triton as kernels
+from specsample.kernels.triton.padded import kernel_block_masses
 from specsample.rules.block import block_verify, block_weights, residual_mass_per_position
 from specsample.rules.chain import chain_verify, gather_drafts
-from specsample.rules.residual import block_masses
-from specsample.rules.rows import ProbRows, Selection
-from specsample.shared import BLOCK, flat_rows
+from specsample.rules.residual import BLOCK, block_masses
+from specsample.rules.rows import ProbRows, Selection, flat_rows
 
 pytestmark = pytest.mark.skipif(
     not kernels.supports(torch.zeros(1)),

@@ -1,6 +1,7 @@
-"""The Triton kernels of :mod:`specsample.kernels` against the PyTorch reference, on the CPU.
+"""The Triton kernels of :mod:`specsample.kernels.triton` against the PyTorch reference, on the CPU.
 
-Covers :mod:`specsample.kernels` and its modules (``_common``, ``_jit``, ``_residual``,
+Covers :mod:`specsample.kernels.triton` and its modules (``_common``, ``step_kernel``,
+``_residual``,
 ``launch``, ``logits``, ``padded``), and the Triton backend behind the seam,
 :mod:`specsample.backends.triton`.
 
@@ -8,7 +9,7 @@ The kernels run under Triton's interpreter (``TRITON_INTERPRET=1``), which must 
 before triton is first imported: triton's own library functions are compiled or interpreted
 as they are decorated, and an interpreted kernel calling a compiled one fails. In a plain
 ``pytest`` run something may already have imported triton (the doctest collection of
-:mod:`specsample.kernels._jit` does), so the tests of this module then run in a fresh
+:mod:`specsample.kernels.triton.step_kernel` does), so the tests of this module then run in a fresh
 interpreter process started by :func:`test_kernels_under_the_interpreter`, with the variable
 set from the start; they run in-process when ``pytest`` itself was started with
 ``TRITON_INTERPRET=1``. Without triton installed everything here is skipped, except the check
@@ -52,12 +53,12 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
-from specsample import kernels, verify
-from specsample.kernels import launch
+from specsample import verify
+from specsample.kernels import triton as kernels
+from specsample.kernels.triton import launch
 from specsample.probs import processed_probs
 from specsample.rules.block import block_verify
-from specsample.rules.chain import chain_verify
-from specsample.shared import VerifyResult
+from specsample.rules.chain import VerifyResult, chain_verify
 from specsample.testing import FAMILIES, Family, exactness_report, make_family
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
@@ -111,7 +112,8 @@ def test_package_imports_without_triton() -> None:
     """``import specsample`` and its kernels package work when triton cannot be imported."""
     code = (
         "import sys; sys.modules['triton'] = None\n"
-        "import torch, specsample, specsample.kernels as k, specsample.kernels._jit as j\n"
+        "import torch, specsample, specsample.kernels.triton as k\n"
+        "import specsample.kernels.triton.step_kernel as j\n"
         "assert not k.available() and not k.triton_available() and j.triton is None\n"
         "assert not k.supports(torch.zeros(1))\n"
         "try:\n"

@@ -1,4 +1,5 @@
-"""The keyed Gumbel-max kernel (:mod:`specsample.kernels.gumbel`) against the PyTorch backend.
+"""The keyed Gumbel-max kernel (:mod:`specsample.kernels.triton.gumbel`) against the PyTorch
+backend.
 
 Through :func:`specsample.verify` with ``method="gumbel"``, ``backend="triton"`` must emit the
 tokens and counts of ``backend="torch"`` bit for bit: ragged batches (counts of 0 included),
@@ -29,7 +30,7 @@ import torch
 
 from specsample import backends, verify
 from specsample.backends import triton as triton_backend
-from specsample.kernels import gumbel
+from specsample.kernels.triton import gumbel
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 IN_PROCESS = HAVE_TRITON and os.environ.get("TRITON_INTERPRET", "") == "1"

@@ -1,8 +1,8 @@
-"""The decoding loop (:mod:`specsample.generate.loop`) on tiny random Llama models.
+"""The decoding loop (:mod:`specsample.generate.decoder`) on tiny random Llama models.
 
-Covers :mod:`specsample.generate.loop` (:class:`Decoder`, :func:`speculative_generate`,
-:func:`target_generate`) and the pieces it runs: :mod:`specsample.generate.run` (one call's
-configuration and callbacks), :mod:`specsample.generate.step` (the steps, and when a costless
+Covers :mod:`specsample.generate.decoder` (:class:`Decoder`, :func:`speculative_generate`,
+:func:`target_generate`) and the pieces it runs: :mod:`specsample.generate.config` (one call's
+configuration and callbacks), :mod:`specsample.generate.loop` (the steps, and when a costless
 drafter is searched), :mod:`specsample.generate.verifying` (the verification calls, keyed by
 absolute position) and :mod:`specsample.generate.inputs` (the validation of the arguments).
 

@@ -1,4 +1,4 @@
-"""Atomic operations on int64 array elements (:mod:`specsample.native.atomics`).
+"""Atomic operations on int64 array elements (:mod:`specsample.kernels.cpu.atomics`).
 
 On one thread they behave as the plain operations they replace (``fetch_add`` returns the
 value before its addition; ``claim`` succeeds once, for the thread that finds the expected
@@ -12,16 +12,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specsample.native import jit
+from specsample.kernels.cpu import compiler
 
-pytestmark = pytest.mark.skipif(not jit.available(), reason="the atomics need numba")
+pytestmark = pytest.mark.skipif(not compiler.available(), reason="the atomics need numba")
 
 
 @pytest.fixture(scope="module")
 def kernels() -> dict[str, object]:
     """Small kernels over the atomics, compiled once for this module."""
-    from specsample.native import atomics
-    from specsample.native.jit import njit, prange
+    from specsample.kernels.cpu import atomics
+    from specsample.kernels.cpu.compiler import njit, prange
 
     @njit
     def one_thread(cells: np.ndarray) -> tuple[int, int, bool, bool, int]:

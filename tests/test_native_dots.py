@@ -1,4 +1,4 @@
-"""The integer dot-product kernels (:mod:`specsample.native.dots`).
+"""The integer dot-product kernels (:mod:`specsample.adapter.int_products`).
 
 Each product is checked bit for bit against a NumPy replica of the arithmetic the module
 documents (the activations' int8 codes and scales, the exact integer sums, then float32
@@ -18,7 +18,7 @@ import torch
 
 pytest.importorskip("numba")
 
-from specsample.native import dots
+from specsample.adapter import int_products as dots
 
 
 def _codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

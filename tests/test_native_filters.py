@@ -1,8 +1,8 @@
-"""Top-k, top-p and min-p thresholds by selection (:mod:`specsample.native.filters`).
+"""Top-k, top-p and min-p thresholds by selection (:mod:`specsample.kernels.cpu.filters`).
 
-:func:`~specsample.native.filters.kth_largest` equals the ``k``-th value of the sorted row,
+:func:`~specsample.kernels.cpu.filters.kth_largest` equals the ``k``-th value of the sorted row,
 ties and ``-inf`` included, whatever the number of compactions;
-:func:`~specsample.native.filters.top_p_cut` finds the threshold of a cumulative sum over the
+:func:`~specsample.kernels.cpu.filters.top_p_cut` finds the threshold of a cumulative sum over the
 sorted row, and calls a mass within its margin of ``top_p`` undecided. Through
 :func:`specsample.backends.cpu.row_stats`, every filtered row gets PyTorch's own cutoff, value
 for value, and its log-norm within float32 rounding: on random rows with ties, infinities,
@@ -21,24 +21,24 @@ import pytest
 import torch
 
 from specsample.backends import cpu, eager
+from specsample.kernels.cpu import compiler
 from specsample.metadata import SamplingMetadata
-from specsample.native import jit
 
-pytestmark = pytest.mark.skipif(not jit.available(), reason="the CPU backend needs numba")
+pytestmark = pytest.mark.skipif(not compiler.available(), reason="the CPU backend needs numba")
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _compiled() -> None:
-    jit.warm_up()
-    assert jit.ready()
+    compiler.warm_up()
+    assert compiler.ready()
 
 
 @pytest.mark.parametrize(
     ("size", "k"), [(1, 1), (40, 1), (40, 40), (5000, 3), (5000, 39), (5000, 700)]
 )
 def test_kth_largest_is_the_kth_sorted_value(size: int, k: int) -> None:
-    from specsample.native.filters import kth_largest
-    from specsample.native.floats import BLOCK
+    from specsample.kernels.cpu.filters import kth_largest
+    from specsample.kernels.cpu.floats import BLOCK
 
     rng = np.random.default_rng(size + k)
     for trial in range(20):
@@ -58,7 +58,7 @@ def test_kth_largest_is_the_kth_sorted_value(size: int, k: int) -> None:
 
 
 def test_top_p_cut_is_where_the_sorted_mass_reaches_top_p() -> None:
-    from specsample.native.filters import top_p_cut
+    from specsample.kernels.cpu.filters import top_p_cut
 
     rng = np.random.default_rng(0)
     for _ in range(50):
@@ -74,7 +74,7 @@ def test_top_p_cut_is_where_the_sorted_mass_reaches_top_p() -> None:
 
 
 def test_top_p_cut_leaves_a_mass_at_top_p_undecided() -> None:
-    from specsample.native.filters import top_p_cut
+    from specsample.kernels.cpu.filters import top_p_cut
 
     z = np.float32([0.0, -1.0, 0.0, -1.0])
     total = 2 + 2 * math.exp(-1)

@@ -1,4 +1,4 @@
-"""The fused CPU kernel of ``method="gumbel"`` (:mod:`specsample.native.gumbel`, through
+"""The fused CPU kernel of ``method="gumbel"`` (:mod:`specsample.kernels.cpu.gumbel`, through
 :func:`specsample.backends.cpu.verify_gumbel`).
 
 ``verify(..., method="gumbel", backend="cpu")`` returns the PyTorch backend's tokens and
@@ -25,18 +25,18 @@ import torch
 
 from specsample import verify
 from specsample.backends import cpu
-from specsample.native import jit
+from specsample.kernels.cpu import compiler
 from specsample.noise import gumbel_bits, gumbel_noise
 
-pytestmark = pytest.mark.skipif(not jit.available(), reason="the CPU backend needs numba")
+pytestmark = pytest.mark.skipif(not compiler.available(), reason="the CPU backend needs numba")
 
 Case = tuple[torch.Tensor, torch.Tensor, list[int], dict[str, Any]]
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _compiled() -> None:
-    jit.warm_up()
-    assert jit.ready()
+    compiler.warm_up()
+    assert compiler.ready()
 
 
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
@@ -235,7 +235,7 @@ def test_drafts_of_the_targets_own_tokens_are_all_accepted(threads: int) -> None
 
 def test_the_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """A float32 step and a bfloat16 one go to the kernel, not to the PyTorch code."""
-    from specsample.native import gumbel
+    from specsample.kernels.cpu import gumbel
 
     calls = []
     for name in ("gumbel_logits", "gumbel_logits_serial"):
@@ -251,9 +251,9 @@ def test_the_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_token_bits_and_noise_are_those_of_the_definition() -> None:
     """The kernel's bits equal :func:`specsample.noise.gumbel_bits` bit for bit; its noise
     :func:`specsample.noise.gumbel_noise` to a unit in the last place."""
-    from specsample.native.gumbel import noise, token_bits
+    from specsample.kernels.cpu.gumbel import noise, token_bits
 
-    @jit.njit
+    @compiler.njit
     def bits_and_noise(keys: np.ndarray, vocab: int, bits: np.ndarray, g: np.ndarray) -> None:
         for r in range(keys.shape[0]):
             for v in range(vocab):
@@ -270,9 +270,9 @@ def test_token_bits_and_noise_are_those_of_the_definition() -> None:
 def test_the_noise_bounds_are_upper_bounds() -> None:
     """The bound the kernel skips tokens by is at least the noise, at every power of two of
     ``2**32 - 1 - bits`` (where it is tightest), next to them, and at random bits."""
-    from specsample.native.gumbel import noise, noise_bound
+    from specsample.kernels.cpu.gumbel import noise, noise_bound
 
-    @jit.njit
+    @compiler.njit
     def noise_of(bits: np.ndarray, out: np.ndarray, bounds: np.ndarray) -> None:
         for i in range(bits.shape[0]):
             out[i] = noise(np.uint32(bits[i]))

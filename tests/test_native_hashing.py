@@ -1,4 +1,4 @@
-"""The compiled CPU loop of the counter-based hash (:mod:`specsample.native.hashing`).
+"""The compiled CPU loop of the counter-based hash (:mod:`specsample.kernels.cpu.hashing`).
 
 Once the kernels are compiled, the ``specsample::hash_uniform`` operator's CPU kernel runs the
 loop instead of the integer tensor chain: it must give the chain's numbers bit for bit
@@ -12,16 +12,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specsample.native import jit
-from specsample.random import Stream, _hash_chain, counter_uniform, stream_key
+from specsample.kernels.cpu import compiler
+from specsample.random import Stream, counter_uniform, hash_chain, stream_key
 
-pytestmark = pytest.mark.skipif(not jit.available(), reason="the compiled loop needs numba")
+pytestmark = pytest.mark.skipif(not compiler.available(), reason="the compiled loop needs numba")
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _compiled() -> None:
-    jit.warm_up()
-    assert jit.ready()
+    compiler.warm_up()
+    assert compiler.ready()
 
 
 def test_the_loop_gives_the_chains_numbers_bit_for_bit() -> None:
@@ -32,14 +32,14 @@ def test_the_loop_gives_the_chains_numbers_bit_for_bit() -> None:
     counters[:, :3] = torch.tensor([0, 2**32 - 1, 2**32])
     for stream in Stream:
         key = stream_key(seeds, stream)
-        expected = _hash_chain(key, counters)
+        expected = hash_chain(key, counters)
         assert torch.equal(counter_uniform(seeds, counters, stream), expected)
         assert torch.equal(counter_uniform(seeds, counters, stream, key=key), expected)
         every_other = counters[:, ::2]
         assert not every_other.is_contiguous()
         assert torch.equal(
             counter_uniform(seeds, every_other, stream),
-            _hash_chain(key, every_other.contiguous()),
+            hash_chain(key, every_other.contiguous()),
         )
 
 
@@ -49,5 +49,5 @@ def test_int32_inputs_and_broadcast_counters() -> None:
     key = stream_key(seeds, Stream.FINAL)
     got = counter_uniform(seeds, counters, Stream.FINAL)
     assert got.dtype == torch.float64 and got.shape == (3, 4)
-    assert torch.equal(got, _hash_chain(key, counters.to(torch.int64).contiguous()))
+    assert torch.equal(got, hash_chain(key, counters.to(torch.int64).contiguous()))
     assert bool(((got >= 0) & (got < 1)).all())

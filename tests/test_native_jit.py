@@ -1,8 +1,9 @@
-"""Compilation of the CPU kernels (:mod:`specsample.native.jit`): where the cache lives, that
+"""Compilation of the CPU kernels (:mod:`specsample.kernels.cpu.compiler`): where the cache lives,
+that
 nothing is written inside the installed package, that machine code is kept per version of the
 kernels' sources and of the compiler, one cache for every checkout, that a compilation is
 announced and a load is not, and the serial twins of the parallel kernels
-(:func:`specsample.native.jit.serial`)."""
+(:func:`specsample.kernels.cpu.compiler.serial`)."""
 
 from __future__ import annotations
 
@@ -14,81 +15,93 @@ from pathlib import Path
 import pytest
 
 import specsample
-from specsample.native import jit
+from specsample.kernels.cpu import compiler
 
 
 def test_cache_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECSAMPLE_CACHE_DIR", "/somewhere")
-    assert jit.cache_dir() == Path("/somewhere/numba")
+    assert compiler.cache_dir() == Path("/somewhere/numba")
     monkeypatch.delenv("SPECSAMPLE_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", "/xdg")
-    assert jit.cache_dir() == Path("/xdg/specsample/numba")
+    assert compiler.cache_dir() == Path("/xdg/specsample/numba")
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert jit.cache_dir() == Path.home() / ".cache" / "specsample" / "numba"
+    assert compiler.cache_dir() == Path.home() / ".cache" / "specsample" / "numba"
 
 
-@pytest.mark.skipif(not jit.available(), reason="needs numba")
+@pytest.mark.skipif(not compiler.available(), reason="needs numba")
 def test_compiled_kernels_are_cached_outside_the_package() -> None:
-    jit.warm_up()
-    assert jit.ready()
+    compiler.warm_up()
+    assert compiler.ready()
     package = Path(specsample.__file__).parent
     assert not [p for p in package.rglob("*") if p.suffix in (".nbi", ".nbc")]
-    assert any((jit.cache_dir() / jit.sources_key()).rglob("*.nbi"))
+    assert any((compiler.cache_dir() / compiler.sources_key()).rglob("*.nbi"))
 
 
 @pytest.fixture
 def package_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A copy of the package's sources, which :func:`jit.sources_key` reads instead."""
+    """A copy of the package's sources, which :func:`compiler.sources_key` reads instead."""
     package = Path(specsample.__file__).parent
     for source in package.rglob("*.py"):
         copy = tmp_path / "specsample" / source.relative_to(package)
         copy.parent.mkdir(parents=True, exist_ok=True)
         copy.write_bytes(source.read_bytes())
-    monkeypatch.setattr(jit, "__file__", str(tmp_path / "specsample" / "native" / "jit.py"))
-    jit.sources_key.cache_clear()
+    copy = tmp_path / "specsample" / "kernels" / "cpu" / "compiler.py"
+    monkeypatch.setattr(compiler, "__file__", str(copy))
+    compiler.sources_key.cache_clear()
     yield tmp_path / "specsample"
     monkeypatch.undo()
-    jit.sources_key.cache_clear()
+    compiler.sources_key.cache_clear()
 
 
-@pytest.mark.parametrize("source", ["native/floats.py", "native/jit.py", "shared.py"])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "kernels/cpu/floats.py",
+        "kernels/cpu/compiler.py",
+        "adapter/int_products.py",
+        "rules/residual.py",
+    ],
+)
 def test_the_cache_folder_follows_every_kernel_source(package_copy: Path, source: str) -> None:
-    """A kernel inlines functions and bakes in constants of other modules (``shared.BLOCK``
+    """A kernel inlines functions and bakes in constants of other modules (``rules.residual.BLOCK``
     in the chain rule): editing any source it is compiled from gives its machine code a new
     folder."""
-    before = jit.sources_key()
-    jit.sources_key.cache_clear()
+    before = compiler.sources_key()
+    compiler.sources_key.cache_clear()
     edited = package_copy / source
     edited.write_text(edited.read_text() + "\n")
-    assert jit.sources_key() != before
+    assert compiler.sources_key() != before
 
 
-@pytest.mark.skipif(not jit.available(), reason="needs numba")
+@pytest.mark.skipif(not compiler.available(), reason="needs numba")
 def test_the_cache_folder_follows_the_compiler(
     package_copy: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Machine code compiled by another numba is never loaded."""
     import numba
 
-    before = jit.sources_key()
-    jit.sources_key.cache_clear()
+    before = compiler.sources_key()
+    compiler.sources_key.cache_clear()
     monkeypatch.setattr(numba, "__version__", "0.0.1")
-    assert jit.sources_key() != before
+    assert compiler.sources_key() != before
 
 
 def test_sources_not_compiled_leave_the_cache_folder(package_copy: Path) -> None:
     """Only what the kernels are compiled from counts: the command line does not."""
-    before = jit.sources_key()
-    jit.sources_key.cache_clear()
+    before = compiler.sources_key()
+    compiler.sources_key.cache_clear()
     edited = package_copy / "cli" / "demo.py"
     edited.write_text(edited.read_text() + "\n")
-    assert jit.sources_key() == before
+    assert compiler.sources_key() == before
 
 
-KERNEL = "from specsample.native.jit import njit\n\n\n@njit\ndef twice(x):\n    return 2 * x\n"
+KERNEL = (
+    "from specsample.kernels.cpu.compiler import njit\n\n\n@njit\ndef twice(x):\n"
+    "    return 2 * x\n"
+)
 
 
-@pytest.mark.skipif(not jit.available(), reason="needs numba")
+@pytest.mark.skipif(not compiler.available(), reason="needs numba")
 def test_one_cache_for_every_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same kernel in two folders (two checkouts, or a checkout and an installation)
     shares one cache entry: the second copy loads what the first compiled."""
@@ -106,22 +119,22 @@ def test_one_cache_for_every_checkout(tmp_path: Path, monkeypatch: pytest.Monkey
     assert copies[0](21) == 42 and not copies[0].stats.cache_hits
     assert copies[1](21) == 42 and sum(copies[1].stats.cache_hits.values()) == 1
     assert {p.parent for p in (tmp_path / "cache").rglob("*.nbi")} == {
-        tmp_path / "cache" / "numba" / jit.sources_key()
+        tmp_path / "cache" / "numba" / compiler.sources_key()
     }
 
 
-@pytest.mark.skipif(not jit.available(), reason="needs numba")
+@pytest.mark.skipif(not compiler.available(), reason="needs numba")
 def test_compiling_is_announced_and_loading_is_not(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without the cache's mark of a complete warm-up, the kernels' warm-up says on the
     stream that it compiles, and how long it took; with it, nothing is printed."""
     monkeypatch.setenv("SPECSAMPLE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(jit, "_KERNELS", ("hashing",))
-    (tmp_path / "numba" / jit.sources_key()).mkdir(parents=True)
+    monkeypatch.setattr(compiler, "_KERNELS", ("specsample.kernels.cpu.hashing",))
+    (tmp_path / "numba" / compiler.sources_key()).mkdir(parents=True)
     first, second = io.StringIO(), io.StringIO()
-    jit._compile_all(first)
-    jit._compile_all(second)
+    compiler._compile_all(first)
+    compiler._compile_all(second)
     lines = first.getvalue().splitlines()
     assert len(lines) == 2 and "compiling the CPU kernels" in lines[0]
     assert "compiled in" in lines[1]
@@ -129,17 +142,17 @@ def test_compiling_is_announced_and_loading_is_not(
 
 
 def test_without_numba_njit_leaves_the_function(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(jit, "_NUMBA", False)
-    assert jit.njit(len) is len
-    assert jit.njit(parallel=True)(len) is len
-    assert not jit.ready()
+    monkeypatch.setattr(compiler, "_NUMBA", False)
+    assert compiler.njit(len) is len
+    assert compiler.njit(parallel=True)(len) is len
+    assert not compiler.ready()
 
 
-@pytest.mark.skipif(not jit.available(), reason="needs numba")
+@pytest.mark.skipif(not compiler.available(), reason="needs numba")
 def test_the_serial_twin_computes_the_same_and_is_cached_apart() -> None:
-    from specsample.native import chain, logits
+    from specsample.kernels.cpu import chain, logits
 
-    jit.warm_up()
+    compiler.warm_up()
     for parallel, twin in (
         (chain.chain_rule, chain.chain_rule_serial),
         (logits.row_stats, logits.row_stats_serial),
@@ -149,6 +162,6 @@ def test_the_serial_twin_computes_the_same_and_is_cached_apart() -> None:
         assert twin.py_func.__qualname__ == f"{parallel.py_func.__qualname__}_serial"
         assert not twin.targetoptions.get("parallel")
         assert parallel.targetoptions.get("parallel")
-    names = {p.name for p in jit.cache_dir().rglob("*.nbi")}
+    names = {p.name for p in compiler.cache_dir().rglob("*.nbi")}
     assert any(name.startswith("chain.chain_rule_serial-") for name in names)
     assert any(name.startswith("chain.chain_rule-") for name in names)

@@ -1,7 +1,7 @@
-"""The fused CPU backend on logits (:mod:`specsample.native.logits`, through
+"""The fused CPU backend on logits (:mod:`specsample.kernels.cpu.logits`, through
 :mod:`specsample.backends.cpu`).
 
-:func:`~specsample.native.floats.exp32` is within one unit in the last place of the exact
+:func:`~specsample.kernels.cpu.floats.exp32` is within one unit in the last place of the exact
 exponential. Given the same uniforms, ``verify(..., backend="cpu")`` returns the PyTorch
 backend's tokens and accepted counts, column for column: on random ragged batches (every kind
 of draft rows: none, float32 and float64 probabilities, logits; given bonus tokens; greedy,
@@ -26,8 +26,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from specsample import verify
 from specsample.backends import cpu, eager
+from specsample.kernels.cpu import compiler
 from specsample.metadata import SamplingMetadata
-from specsample.native import jit
 from specsample.testing import exactness_report
 from specsample.uniforms import in_step_order
 from tests.test_logits_exactness import (
@@ -38,19 +38,19 @@ from tests.test_logits_exactness import (
     logits_verifier,
 )
 
-pytestmark = pytest.mark.skipif(not jit.available(), reason="the CPU backend needs numba")
+pytestmark = pytest.mark.skipif(not compiler.available(), reason="the CPU backend needs numba")
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _compiled() -> None:
-    jit.warm_up()
-    assert jit.ready()
+    compiler.warm_up()
+    assert compiler.ready()
 
 
 def test_exp32_is_within_one_ulp_of_the_exact_exponential() -> None:
-    from specsample.native.floats import exp32
+    from specsample.kernels.cpu.floats import exp32
 
-    @jit.njit
+    @compiler.njit
     def exp_all(x: np.ndarray, out: np.ndarray) -> None:
         for i in range(x.shape[0]):
             out[i] = exp32(x[i])
@@ -180,8 +180,8 @@ def test_a_row_another_thread_is_late_computing_is_computed_privately() -> None:
     it (here: taken, never published) computes the row's statistics itself, into its own
     copy, without writing the shared ones: the values a thread that claimed it would compute,
     for a row with a distribution and for one with a NaN."""
-    from specsample.native import logits as kernels
-    from specsample.native.jit import njit
+    from specsample.kernels.cpu import logits as kernels
+    from specsample.kernels.cpu.compiler import njit
 
     @njit
     def settle(
@@ -265,7 +265,7 @@ def test_half_precision_gives_the_same_tokens() -> None:
 def test_steps_without_drafts_run_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """Target-only steps (every count 0: the draw from each request's own row), greedy,
     sampled and mixed, extreme rows included: the kernel runs, with PyTorch's tokens."""
-    from specsample.native import logits
+    from specsample.kernels.cpu import logits
 
     calls = []
     for name in ("chain_logits", "chain_logits_serial"):
@@ -303,7 +303,7 @@ def test_row_statistics_agree_with_pytorch() -> None:
     assert bool(lazy.shift[~greedy].isnan().all())  # left to the rows' reader
     usable = ~expected.cutoff.isnan()
     assert bool(lazy.log_norm[usable].isnan().all())
-    from specsample.native.logits import fill_norms
+    from specsample.kernels.cpu.logits import fill_norms
 
     stacked = torch.stack([lazy.shift, lazy.inv_temperature, lazy.cutoff, lazy.log_norm])
     fill_norms(logits.numpy(), stacked.numpy(), lazy.argmax.numpy())
@@ -314,12 +314,12 @@ def test_row_statistics_agree_with_pytorch() -> None:
 
 
 def test_calls_before_compilation_run_the_pytorch_code(monkeypatch: pytest.MonkeyPatch) -> None:
-    from specsample.native import logits
+    from specsample.kernels.cpu import logits
 
     def kernel(*args: object) -> None:
         raise AssertionError("the kernel ran before it was ready")
 
-    monkeypatch.setattr(jit, "ready", lambda: False)
+    monkeypatch.setattr(compiler, "ready", lambda: False)
     for name in ("chain_logits", "chain_logits_serial", "row_stats", "row_stats_serial"):
         monkeypatch.setattr(logits, name, kernel)
     target, ids, counts, kwargs = _case(8, "logits")

@@ -1,4 +1,4 @@
-"""A tensor's memory read and written through its address (:mod:`specsample.native.memory`)."""
+"""A tensor's memory read and written through its address (:mod:`specsample.kernels.cpu.memory`)."""
 
 from __future__ import annotations
 
@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from specsample.native import jit
+from specsample.kernels.cpu import compiler
 
-pytestmark = pytest.mark.skipif(not jit.available(), reason="needs numba")
+pytestmark = pytest.mark.skipif(not compiler.available(), reason="needs numba")
 
 
 def _kernels():  # type: ignore[no-untyped-def]
     """Small kernels over the helpers (compiled on first use, in this process only)."""
     from numba import njit
 
-    from specsample.native.memory import load, row, store
+    from specsample.kernels.cpu.memory import load, row, store
 
     @njit
     def total(address: int, offset: int, length: int, marker: float) -> float:

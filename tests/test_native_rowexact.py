@@ -1,4 +1,4 @@
-"""The row-exact attention kernel (:mod:`specsample.native.rowexact`).
+"""The row-exact attention kernel (:mod:`specsample.kernels.cpu.rowexact`).
 
 It agrees with PyTorch's attention to float32 rounding (grouped-query heads, head sizes
 that are and are not multiples of 16, strided queries), gives padding queries zeros, and
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 pytest.importorskip("numba")
 
 from specsample.adapter import exact
-from specsample.native import rowexact
+from specsample.kernels.cpu import rowexact
 
 LOW = torch.finfo(torch.float32).min
 

@@ -13,7 +13,7 @@ import torch
 
 numba = pytest.importorskip("numba")
 
-from specsample.native.memory import row  # noqa: E402
+from specsample.kernels.cpu.memory import row  # noqa: E402
 
 
 def _write_columns(address: int, rows: int, width: int, column: int) -> None:
@@ -26,14 +26,14 @@ def _write_columns(address: int, rows: int, width: int, column: int) -> None:
 
 def test_parallel_loops_drop_writes_into_an_array_made_in_the_loop() -> None:
     """numba's parallel loops drop a write into an array made inside the loop (here by
-    :func:`~specsample.native.memory.row`) and read nowhere after it; compiled serially,
+    :func:`~specsample.kernels.cpu.memory.row`) and read nowhere after it; compiled serially,
     the same loop writes.
 
     When this test fails, the compiler is fixed and the workaround at
-    :func:`specsample.native.memory.store` can go: kernels writing their outputs with
-    ``store`` instead of through :func:`~specsample.native.memory.row` arrays (the chain
-    rule's tokens and accepted counts in :mod:`specsample.native.chain`, the activations'
-    codes in :mod:`specsample.native.dots`)."""
+    :func:`specsample.kernels.cpu.memory.store` can go: kernels writing their outputs with
+    ``store`` instead of through :func:`~specsample.kernels.cpu.memory.row` arrays (the chain
+    rule's tokens and accepted counts in :mod:`specsample.kernels.cpu.chain`, the activations'
+    codes in :mod:`specsample.adapter.int_products`)."""
     serial, parallel = torch.zeros(4, 3, dtype=torch.int64), torch.zeros(4, 3, dtype=torch.int64)
     numba.njit(_write_columns)(serial.data_ptr(), 4, 3, 1)
     numba.njit(parallel=True)(_write_columns)(parallel.data_ptr(), 4, 3, 1)

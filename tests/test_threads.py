@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from specsample.adapter.quantize import FORMATS
-from specsample.native import jit
+from specsample.kernels.cpu import compiler
 
 SCRIPT = """
 import json, sys, torch
@@ -58,7 +58,7 @@ def _run(threads: int, mode: str) -> dict[str, object]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not jit.available(), reason="the CPU kernels need numba")
+@pytest.mark.skipif(not compiler.available(), reason="the CPU kernels need numba")
 @pytest.mark.parametrize("mode", ["none", *FORMATS])
 def test_one_thread_stays_one_thread(mode: str) -> None:
     """After ``torch.set_num_threads(1)``, loading, generating (model and n-gram drafts, and
@@ -69,7 +69,7 @@ def test_one_thread_stays_one_thread(mode: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not jit.available(), reason="the CPU kernels need numba")
+@pytest.mark.skipif(not compiler.available(), reason="the CPU kernels need numba")
 def test_two_threads_stay_two_threads() -> None:
     """The same calls with int4a8 weights and the count set to 2: it stays 2, and numba's
     count follows it (capped by numba's pool)."""

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import torch
 
-from specsample import RejectionSampler, kernels, verify, verify_padded
+from specsample import RejectionSampler, verify, verify_padded
+from specsample.kernels import triton as kernels
 from specsample.probs import processed_probs
 
 BACKENDS = ["torch"] + (["triton"] if kernels.supports(torch.zeros(1)) else [])

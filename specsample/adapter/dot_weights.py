@@ -1,5 +1,6 @@
 """Weight-only formats applied by integer dot products of our own
-(:mod:`specsample.native.dots`), beside PyTorch's of :mod:`specsample.adapter.weight_formats`.
+(:mod:`specsample.adapter.int_products`), beside PyTorch's of
+:mod:`specsample.adapter.weight_formats`.
 
 ``"int4a8"`` (:class:`Int4Int8Weight`)
     The int4 weights of :class:`~specsample.adapter.weight_formats.Int4Weight` with float32
@@ -30,22 +31,22 @@ from specsample.adapter.weight_formats import (
     int4_values,
     same_format,
 )
-from specsample.native import jit
+from specsample.kernels.cpu import compiler
 
 
 def dot_products() -> bool:
     """Whether the formats of integer dot products (``"int4a8"``, ``"int8a8"``) are the
     faster ones here: numba is installed and the CPU has AVX512-VNNI
-    (:func:`specsample.native.dots.fast`).
+    (:func:`specsample.adapter.int_products.fast`).
 
     Examples
     --------
     >>> isinstance(dot_products(), bool)
     True
     """
-    if not jit.available():
+    if not compiler.available():
         return False
-    from specsample.native import dots
+    from specsample.adapter import int_products as dots
 
     return dots.fast()
 
@@ -69,15 +70,15 @@ def int4_format() -> str:
 
 class Int4Int8Weight(QuantizedWeight):
     """Int4 weights in groups of 32 inputs with a float32 scale and offset, applied to
-    activations quantized to int8 per group of 32 (:mod:`specsample.native.dots`, which
+    activations quantized to int8 per group of 32 (:mod:`specsample.adapter.int_products`, which
     gives the arithmetic); float32 in and out.
 
     The weight is ``w = (q - 8) * s + z`` with ``q`` in ``0..15``, as for
     :class:`Int4Weight`, but ``s`` and ``z`` keep float32 (a GGUF file's float16 values
     exactly) and the product quantizes each row's inputs as llama.cpp does. Needs numba
     (``pip install specsample[cpu]``); on a CPU without AVX512-VNNI it runs, slower than
-    :class:`Int4Weight` (:func:`specsample.native.dots.fast`). Runs on the calling thread
-    where one thread is allowed (:func:`specsample.native.jit.threads`), else on numba's
+    :class:`Int4Weight` (:func:`specsample.adapter.int_products.fast`). Runs on the calling thread
+    where one thread is allowed (:func:`specsample.kernels.cpu.compiler.threads`), else on numba's
     threads; not traceable by :func:`torch.compile`.
 
     Parameters
@@ -165,7 +166,8 @@ class Int4Int8Weight(QuantizedWeight):
 
 class Int8Int8Weight(QuantizedWeight):
     """Int8 weights in groups of 32 inputs with a float32 scale each (GGUF's ``Q8_0``),
-    applied to activations quantized to int8 per group of 32 (:mod:`specsample.native.dots`);
+    applied to activations quantized to int8 per group of 32
+    (:mod:`specsample.adapter.int_products`);
     float32 in and out.
 
     The weight is ``w = q * s`` with ``q`` in ``-128..127``. The same requirements and
@@ -260,15 +262,16 @@ class Int8Int8Weight(QuantizedWeight):
 
 
 def _dots(format: str) -> ModuleType:
-    """:mod:`specsample.native.dots`, imported once numba is known to be installed (without
+    """:mod:`specsample.adapter.int_products`, imported once numba is known to be installed (without
     it, a :class:`RuntimeError` that says so: the module cannot be imported then) and its
     kernels compiled: the first call compiles every CPU kernel, announced, or loads them
-    (:func:`specsample.native.jit.ready`), so that no product compiles behind its caller."""
-    if not jit.available():
+    (:func:`specsample.kernels.cpu.compiler.ready`), so that no product compiles behind its
+    caller."""
+    if not compiler.available():
         raise RuntimeError(f"{format} weights need numba: pip install 'specsample[cpu]'")
-    if not jit.ready():
+    if not compiler.ready():
         raise RuntimeError(f"{format} weights need the CPU kernels, which did not compile")
-    from specsample.native import dots
+    from specsample.adapter import int_products as dots
 
     return dots
 
@@ -290,8 +293,8 @@ def _dot_product(
     rows: torch.Tensor,
     tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
 ) -> torch.Tensor:
-    """``rows @ W^T`` by :func:`specsample.native.dots.int_product` (its serial twin where
-    :func:`specsample.native.jit.threads` is 1) on the weights, scales and offsets
+    """``rows @ W^T`` by :func:`specsample.adapter.int_products.int_product` (its serial twin where
+    :func:`specsample.kernels.cpu.compiler.threads` is 1) on the weights, scales and offsets
     ``tensors`` (offsets ``None`` for int8 weights): ``[rows, out_features]`` float32.
 
     The kernel reads every tensor by its address: ``rows`` of another dtype or layout are
@@ -306,7 +309,7 @@ def _dot_product(
     blocks = packed.shape[0]
     out = rows.new_empty(rows.shape[0], blocks * dots.CHANNELS)
     codes = torch.empty(rows.numel(), dtype=torch.int8)
-    kernel = dots.int_product_serial if jit.threads() == 1 else dots.int_product
+    kernel = dots.int_product_serial if compiler.threads() == 1 else dots.int_product
     kernel(
         rows.data_ptr(),
         rows.shape[0],

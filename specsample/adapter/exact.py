@@ -14,7 +14,7 @@ additions) are so already; two kinds of operation are not, by default:
   on the machine at hand, for each weight, at 1 thread and at 2 or PyTorch's count;
 * attention: PyTorch's kernels group the sums over slots in blocks, so a masked slot, a
   wider cache or another query row changes how a row's sums are rounded.
-  :func:`attend` runs :func:`specsample.native.rowexact.attend` instead, which visits the
+  :func:`attend` runs :func:`specsample.kernels.cpu.rowexact.attend` instead, which visits the
   slots a row may see in order and skips the others.
 
 :class:`~specsample.adapter.fused.FusedForward` does both where :func:`possible` allows
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from specsample.adapter.cache import KVCache
-from specsample.native import jit
+from specsample.kernels.cpu import compiler
 
 if TYPE_CHECKING:
     from specsample.adapter.fused import FusedForward
@@ -61,7 +61,7 @@ def possible(dtype: torch.dtype, device: torch.device) -> bool:
     >>> possible(torch.float64, torch.device("cpu"))
     False
     """
-    return dtype == torch.float32 and device.type == "cpu" and jit.ready()
+    return dtype == torch.float32 and device.type == "cpu" and compiler.ready()
 
 
 def _memory(tensor: torch.Tensor) -> tuple[int, int, int, int]:
@@ -94,7 +94,7 @@ def attend(
         ``[batch, kv_heads, width, dim]`` float32 (``heads`` a multiple of ``kv_heads``).
     mask : torch.Tensor
         ``[batch, 1, n, width]`` additive float32 mask; a slot below
-        :data:`specsample.native.rowexact.MASKED` is skipped.
+        :data:`specsample.kernels.cpu.rowexact.MASKED` is skipped.
     scale : float
         The factor of the dot products.
 
@@ -102,12 +102,13 @@ def attend(
     -------
     torch.Tensor or None
         ``[batch, heads, n, dim]`` (a transposed view of ``[batch, n, heads, dim]``), or
-        ``None`` where the kernels cannot take the call (:func:`specsample.native.jit.runs_on`:
+        ``None`` where the kernels cannot take the call
+        (:func:`specsample.kernels.cpu.compiler.runs_on`:
         traced, or not compiled).
     """
-    if not jit.runs_on(query):
+    if not compiler.runs_on(query):
         return None
-    from specsample.native import rowexact
+    from specsample.kernels.cpu import rowexact
 
     batch, heads, n, dim = query.shape
     if query.stride(-1) != 1:
@@ -118,7 +119,7 @@ def attend(
     out = query.new_empty(batch, n, heads, dim)
     shape = (batch, heads, keys.shape[1], n, keys.shape[2], dim)
     units = batch * heads * n
-    chunks = min(jit.threads(), units) if units * keys.shape[2] >= PARALLEL_WORK else 1
+    chunks = min(compiler.threads(), units) if units * keys.shape[2] >= PARALLEL_WORK else 1
     kernel = rowexact.attend_serial if chunks == 1 else rowexact.attend
     kernel(
         _memory(query), _memory(keys), _memory(values), _memory(mask), out.data_ptr(), shape,

@@ -9,7 +9,7 @@ token. A :class:`QuantizedLinear` keeps its weight in one of the formats of
   per output channel, bfloat16), in bfloat16: PyTorch's int8 and int4 CPU products are 10
   to 40 times slower with float32 or float16 inputs. Such a layer computes ``bf16(bf16(x)
   @ W^T) + bias`` with ``W`` the format's weight (scales and offsets stored in bfloat16);
-- two applied by integer dot products of our own (:mod:`specsample.native.dots`: int4a8,
+- two applied by integer dot products of our own (:mod:`specsample.adapter.int_products`: int4a8,
   int8a8): float32 in and out, each group of 32 inputs of a row quantized to int8 codes,
   the weights' scales and offsets kept in float32.
 
@@ -115,7 +115,7 @@ class QuantizedLinear(torch.nn.Module):
     :class:`~specsample.adapter.weight_formats.QuantizedWeight` (CPU only).
 
     The output is the weight's product (``bf16(bf16(x) @ W^T)`` for PyTorch's formats, the
-    dot products of :mod:`specsample.native.dots` for int4a8 and int8a8) in ``x``'s dtype,
+    dot products of :mod:`specsample.adapter.int_products` for int4a8 and int8a8) in ``x``'s dtype,
     plus the bias (kept in its own dtype). The weight is not a parameter: ``parameters()``
     yields the bias only.
 

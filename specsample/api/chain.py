@@ -48,8 +48,8 @@ from specsample.methods import chain_methods, check_method
 from specsample.params import Ints, Requests
 from specsample.plan import LogitsStep, Plan
 from specsample.random import STEP_STRIDE
+from specsample.rules.rows import unit_columns
 from specsample.seeding import check_position_values
-from specsample.shared import unit_columns
 
 
 class VerifyOutput(NamedTuple):

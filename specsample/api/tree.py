@@ -31,9 +31,14 @@ from specsample.checks import (
 from specsample.methods import check_method, check_traversal_drafting, tree_method, tree_methods
 from specsample.params import DraftTree, Requests
 from specsample.plan import TreeStep
-from specsample.rules.tree.structure import check_tree, check_tree_values, child_table
+from specsample.rules.rows import unit_columns
+from specsample.rules.tree.structure import (
+    TreeVerifyResult,
+    check_tree,
+    check_tree_values,
+    child_table,
+)
 from specsample.seeding import check_position_values
-from specsample.shared import TreeVerifyResult, unit_columns
 
 
 def verify_tree(

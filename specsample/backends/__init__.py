@@ -29,7 +29,7 @@ Examples
 >>> resolve("auto", torch.zeros(1)) in ("cpu", "torch")
 True
 >>> get("torch").tree.__name__
-'verify_tree'
+'tree_step'
 """
 
 from __future__ import annotations
@@ -39,12 +39,13 @@ from typing import NamedTuple
 
 import torch
 
-from specsample import kernels
 from specsample.backends import cpu, eager, lossy, trees, triton
 from specsample.extras import install_command
-from specsample.native import jit
+from specsample.kernels import triton as kernels
+from specsample.kernels.cpu import compiler
 from specsample.probs import RowStats
-from specsample.shared import PaddedRule, TreeVerifyResult
+from specsample.rules.chain import PaddedRule
+from specsample.rules.tree.structure import TreeVerifyResult
 
 BACKENDS = ("auto", "torch", "triton", "cpu")
 """The names :func:`resolve` accepts."""
@@ -67,7 +68,7 @@ class Backend(NamedTuple):
     typical : callable
         A typical-acceptance step (:func:`specsample.backends.lossy.verify_typical`).
     tree : callable
-        A tree step (:func:`specsample.backends.trees.verify_tree`).
+        A tree step (:func:`specsample.backends.trees.tree_step`).
     log_q : callable
         ``log q`` of tokens at target rows (:func:`specsample.backends.eager.log_q`).
     row_stats : callable
@@ -92,7 +93,7 @@ _BACKENDS = {
         eager.verify_logits,
         eager.prob_rule,
         lossy.verify_typical,
-        trees.verify_tree,
+        trees.tree_step,
         eager.log_q,
         eager.row_stats,
         eager.verify_gumbel,
@@ -101,7 +102,7 @@ _BACKENDS = {
         triton.verify_logits,
         triton.prob_rule,
         lossy.verify_typical,
-        trees.verify_tree,
+        trees.tree_step,
         eager.log_q,
         eager.row_stats,
         triton.verify_gumbel,
@@ -110,7 +111,7 @@ _BACKENDS = {
         cpu.verify_logits,
         cpu.prob_rule,
         lossy.verify_typical,
-        trees.verify_tree,
+        trees.tree_step,
         eager.log_q,
         cpu.row_stats,
         cpu.verify_gumbel,
@@ -132,8 +133,8 @@ def resolve(backend: object, tensor: torch.Tensor) -> str:
     if backend == "auto":
         if tensor.is_cuda and kernels.available():
             return "triton"
-        return "cpu" if tensor.device.type == "cpu" and jit.available() else "torch"
-    if backend == "cpu" and not (tensor.device.type == "cpu" and jit.available()):
+        return "cpu" if tensor.device.type == "cpu" and compiler.available() else "torch"
+    if backend == "cpu" and not (tensor.device.type == "cpu" and compiler.available()):
         raise ValueError(
             f"backend='cpu' cannot run on {tensor.device} tensors here: it needs numba "
             f"({install_command('cpu')}) and CPU tensors"

@@ -1,30 +1,31 @@
-"""The fused CPU backend: the numba kernels of :mod:`specsample.native` behind the seam.
+"""The fused CPU backend: the numba kernels of :mod:`specsample.kernels.cpu` behind the seam.
 
 * The chain rule on ``[batch, k, vocab]`` probabilities (what :class:`specsample.RejectionSampler`
-  runs): one fused pass per sequence (:func:`specsample.native.chain.chain_rule`).
+  runs): one fused pass per sequence (:func:`specsample.kernels.cpu.chain.chain_rule`).
 * A chain step on flattened logits (what :func:`specsample.verify` and the generation loop
   run): the row statistics (:func:`row_stats`; the largest logit and normaliser of a sampled
   row without a filter only for the rows the rule reads, the thresholds of top-k, top-p and
   min-p by selection), then one fused pass per sequence
-  (:func:`specsample.native.logits.chain_logits`).
+  (:func:`specsample.kernels.cpu.logits.chain_logits`).
 * A keyed Gumbel-max step (``method="gumbel"``) on flattened logits: one pass per sequence
-  that stops at its first rejected draft (:mod:`specsample.native.gumbel`).
+  that stops at its first rejected draft (:mod:`specsample.kernels.cpu.gumbel`).
 * Every other slot (the block rule, typical acceptance, trees, log-probabilities) runs the
   PyTorch code of :mod:`specsample.backends.eager` until kernels exist for it.
 
 It gives the tokens of the PyTorch backend on the same uniforms: up to a uniform falling
 within about ``1e-16`` of a cell boundary on probabilities (see
 :mod:`specsample.rules.residual`), and within about ``1e-7`` on logits (whose exponentials
-round as float32's do, not bit for bit as PyTorch's, see :mod:`specsample.native.logits`).
+round as float32's do, not bit for bit as PyTorch's, see :mod:`specsample.kernels.cpu.logits`).
 
 The kernels run on CPU tensors (float32 or float64 probabilities, float32 logits) once
 compiled: the first call that can use them compiles them in the foreground, announced, or
-loads them from the user's cache (:func:`specsample.native.jit.ready`, which is also where
+loads them from the user's cache (:func:`specsample.kernels.cpu.compiler.ready`, which is also where
 numba is first imported: ``import specsample`` does not load it). Other calls (half
 precision, another device, a call being recorded by ``torch.compile`` or ``make_fx``) run
-the PyTorch code, which gives the same tokens (:func:`specsample.native.jit.runs_on`). Small
+the PyTorch code, which gives the same tokens (:func:`specsample.kernels.cpu.compiler.runs_on`).
+Small
 batches run on the calling thread; large ones share PyTorch's thread count
-(:func:`specsample.native.jit.threads`; for a sampled step, as soon as its rows are large:
+(:func:`specsample.kernels.cpu.compiler.threads`; for a sampled step, as soon as its rows are large:
 the threads then share even one sequence's walk).
 """
 
@@ -36,16 +37,22 @@ import numpy as np
 import torch
 
 from specsample.backends import eager
+from specsample.kernels.cpu import compiler
 from specsample.metadata import SamplingMetadata
-from specsample.native import jit
 from specsample.plan import LogitsStep
 from specsample.probs import RowStats
-from specsample.rules.chain import chain_verify, check_rule_inputs
-from specsample.shared import ChainStep, PaddedRule, VerifyResult
+from specsample.random import hash_chain, hash_uniform_op
+from specsample.rules.chain import (
+    ChainStep,
+    PaddedRule,
+    VerifyResult,
+    chain_verify,
+    check_rule_inputs,
+)
 
 _MARKERS = {torch.float32: np.float32(0), torch.float64: np.float64(0)}
 """The probability dtypes the kernels take, each with a scalar of its type, which types the
-rows' memory in a kernel (:mod:`specsample.native.memory`)."""
+rows' memory in a kernel (:mod:`specsample.kernels.cpu.memory`)."""
 _PARALLEL_ELEMENTS = 1 << 17
 """Below this many elements of work (``batch * vocab`` for a rule, ``rows * vocab`` for row
 statistics), a kernel runs on the calling thread: waking the other threads would cost more
@@ -55,8 +62,8 @@ than they save."""
 def _parallel(elements: int) -> bool:
     """Whether work of ``elements`` elements goes to a parallel kernel: enough of it
     (:data:`_PARALLEL_ELEMENTS`) and more than one thread allowed
-    (:func:`specsample.native.jit.threads`)."""
-    return elements >= _PARALLEL_ELEMENTS and jit.threads() > 1
+    (:func:`specsample.kernels.cpu.compiler.threads`)."""
+    return elements >= _PARALLEL_ELEMENTS and compiler.threads() > 1
 
 
 def _fused(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> bool:
@@ -66,13 +73,13 @@ def _fused(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> bool:
         and draft_probs.dtype == target_probs.dtype
         and target_probs.shape[1] > 0
         and target_probs.shape[0] > 0
-        and jit.runs_on(target_probs)
+        and compiler.runs_on(target_probs)
     )
 
 
 class FusedChainRule(PaddedRule):
     """:data:`specsample.rules.chain.chain_verify` by the fused kernel: same arguments (as
-    :meth:`PaddedRule.__call__ <specsample.shared.PaddedRule.__call__>` documents), same
+    :meth:`PaddedRule.__call__ <specsample.rules.chain.PaddedRule.__call__>` documents), same
     checks, same result on the same uniforms.
 
     Examples
@@ -101,7 +108,7 @@ class FusedChainRule(PaddedRule):
         target, draft, ids, bonus, uniforms = step
         if not _fused(target, draft):
             return chain_verify.run_drawn(step) if drawn else chain_verify.run(step)
-        from specsample.native import chain  # loaded with numba, at the warm-up
+        from specsample.kernels.cpu import chain  # loaded with numba, at the warm-up
 
         batch, k, vocab = target.shape
         parallel = batch > 1 and _parallel(batch * vocab)
@@ -131,15 +138,15 @@ _NO_FILTER = (torch.empty(0, dtype=torch.int64), torch.empty(2, 0, dtype=torch.f
 """The filters of a batch without any, as :func:`_filters` gives them."""
 
 _NONE_LAZY = np.zeros(0, np.bool_)
-"""No row left to the walk (the ``lazy`` of :func:`specsample.native.logits.row_stats`)."""
+"""No row left to the walk (the ``lazy`` of :func:`specsample.kernels.cpu.logits.row_stats`)."""
 
 _UNREAD = torch.tensor([[math.nan], [math.nan], [-math.inf], [math.nan]], dtype=torch.float32)
 """The shift, (placeholder) inverse temperature, cutoff and log-norm a row starts with, and a
-row left to the walk keeps (:func:`specsample.native.logits.row_stats` does not write it)."""
+row left to the walk keeps (:func:`specsample.kernels.cpu.logits.row_stats` does not write it)."""
 
 
 def _filters(sampling: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-    """The filters as :func:`specsample.native.logits.row_stats` takes them: ``[rows]``
+    """The filters as :func:`specsample.kernels.cpu.logits.row_stats` takes them: ``[rows]``
     int64 top-k (0 off) and ``[2, rows]`` float32 top-p (1 off) and ``log(min_p)`` (``-inf``
     off, computed as :func:`specsample.probs.row_stats` computes it); both empty when no
     request has a filter."""
@@ -166,7 +173,7 @@ def row_stats(
     log-norms of every row; without, those of rows with a distribution and no filter are left
     NaN, and :func:`verify_logits` computes the ones of the rows it reads. Rows with a
     top-k, top-p or min-p filter get PyTorch's thresholds by selection
-    (:mod:`specsample.native.filters`); a row whose top-p threshold is too close to call
+    (:mod:`specsample.kernels.cpu.filters`); a row whose top-p threshold is too close to call
     takes its statistics from PyTorch. Which computes a row depends on that row alone, so a
     request's result does not depend on the others in its batch. An all-greedy batch
     without ``need_norm`` needs the argmaxes alone: no filter is applied. Without
@@ -196,8 +203,8 @@ def _kernel_stats(
     lazy: np.ndarray,
 ) -> tuple[RowStats, np.ndarray]:
     """The statistics of float32 rows by the kernel (``lazy`` as
-    :func:`specsample.native.logits.row_stats` takes it), and the rows it left undecided."""
-    from specsample.native import logits as kernels
+    :func:`specsample.kernels.cpu.logits.row_stats` takes it), and the rows it left undecided."""
+    from specsample.kernels.cpu import logits as kernels
 
     rows = logits.shape[0]
     read = rows - int(lazy.sum()) if filters[0].shape[0] == 0 else rows
@@ -234,7 +241,7 @@ def _fused_logits(logits: torch.Tensor) -> bool:
     return (
         (logits.dtype == torch.float32 or logits.dtype in _HALF)
         and logits.shape[0] > 0
-        and jit.runs_on(logits)
+        and compiler.runs_on(logits)
     )
 
 
@@ -277,7 +284,7 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     draft = _draft_rows(step) if fused else None
     if draft is None:
         return eager.verify_logits(_with_norms(step))
-    from specsample.native import logits as kernels
+    from specsample.kernels.cpu import logits as kernels
 
     batch = step.plan.layout.batch
     # threads share the walks of sampled sequences (greedy ones read one argmax a row)
@@ -294,14 +301,14 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
         drawn,
         token_ids.numpy(),
         num_accepted.numpy(),
-        jit.threads() if parallel else 1,
+        compiler.threads() if parallel else 1,
     )
     return token_ids, num_accepted
 
 
 def verify_gumbel(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`specsample.backends.eager.verify_gumbel`, by the kernel on float32 (or half)
-    CPU rows (:func:`specsample.native.gumbel.gumbel_logits`, which reads a request's rows
+    CPU rows (:func:`specsample.kernels.cpu.gumbel.gumbel_logits`, which reads a request's rows
     up to its first mismatch alone), the PyTorch code otherwise: the same tokens.
 
     Parameters
@@ -318,7 +325,7 @@ def verify_gumbel(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     """
     if not _fused_logits(step.target_logits):
         return eager.verify_gumbel(step)
-    from specsample.native import gumbel as kernels
+    from specsample.kernels.cpu import gumbel as kernels
 
     keys, batch = step.plan.keys, step.plan.layout.batch
     parallel = keys is not None and batch > 1 and _parallel(step.target_logits.numel())
@@ -329,7 +336,7 @@ def verify_gumbel(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
         _dense(torch.empty(0, dtype=torch.int64) if keys is None else _int64(keys)),
         token_ids.numpy(),
         num_accepted.numpy(),
-        jit.threads() if parallel else 1,
+        compiler.threads() if parallel else 1,
     )
     return token_ids, num_accepted
 
@@ -362,7 +369,7 @@ def _with_norms(step: LogitsStep) -> LogitsStep:
     computed (what the PyTorch code reads)."""
     if step.plan.uniforms is None or not _fused_logits(step.target_logits):
         return step
-    from specsample.native.logits import fill_norms
+    from specsample.kernels.cpu.logits import fill_norms
 
     stats = step.plan.stats
     stacked, argmax = _stacked(stats), stats.argmax.clone()
@@ -371,9 +378,24 @@ def _with_norms(step: LogitsStep) -> LogitsStep:
     return step._replace(plan=step.plan._replace(stats=full))
 
 
+@hash_uniform_op.register_kernel("cpu")
+def _hash_uniform(key: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """The counter hash of :mod:`specsample.random` on CPU tensors: one compiled loop
+    (:mod:`specsample.kernels.cpu.hashing`, the same numbers bit for bit in a fifth of the
+    time, compiled on first use), or the integer tensor chain where the kernels cannot run
+    (numba missing)."""
+    if not compiler.ready():
+        return hash_chain(key, counters)
+    from specsample.kernels.cpu.hashing import hash_uniform  # loaded with numba
+
+    out = torch.empty(counters.shape, dtype=torch.float64)
+    hash_uniform(key.contiguous().numpy(), counters.contiguous().numpy(), out.numpy())
+    return out
+
+
 def memory(tensor: torch.Tensor) -> tuple[int, ...]:
     """``(address, *strides)`` of a CPU tensor, strides in elements: the tensor as the
-    kernels of :mod:`specsample.native.chain` take it (:mod:`specsample.native.memory`).
+    kernels of :mod:`specsample.kernels.cpu.chain` take it (:mod:`specsample.kernels.cpu.memory`).
 
     Examples
     --------

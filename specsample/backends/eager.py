@@ -22,11 +22,10 @@ from specsample.rules.block import (
     block_weights,
     residual_mass_per_position,
 )
-from specsample.rules.chain import chain_verify, count_accepted
+from specsample.rules.chain import PaddedRule, chain_verify, count_accepted
 from specsample.rules.gumbel import gumbel_argmax
 from specsample.rules.residual import sample_residual, sample_rows
 from specsample.rules.rows import LogitRows, ProbRows
-from specsample.shared import PaddedRule
 
 _PROB_RULES: dict[str, PaddedRule] = {"chain": chain_verify, "block": block_verify}
 

@@ -22,11 +22,10 @@ from specsample.rules.tree import (
     tree_verify,
     tree_verify_greedy,
 )
-from specsample.rules.tree.structure import check_tree, resolve_bounds
-from specsample.shared import TreeVerifyResult
+from specsample.rules.tree.structure import TreeVerifyResult, check_tree, resolve_bounds
 
 
-def verify_tree(step: TreeStep) -> TreeVerifyResult:
+def tree_step(step: TreeStep) -> TreeVerifyResult:
     """Verify a token tree per request: the accepted path and one more token.
 
     Parameters
@@ -47,7 +46,7 @@ def verify_tree(step: TreeStep) -> TreeVerifyResult:
     >>> logits = torch.tensor([[[0.0, 9.0], [9.0, 0.0]]])
     >>> tree = DraftTree.build(torch.tensor([-1, 0]), "deterministic")
     >>> requests = Requests.build(1, torch.device("cpu"), SamplingParams(temperature=0.0))
-    >>> verify_tree(TreeStep(logits, torch.tensor([[0, 1]]), tree, requests, "onehot")).token_ids
+    >>> tree_step(TreeStep(logits, torch.tensor([[0, 1]]), tree, requests, "onehot")).token_ids
     tensor([[1, 0]])
     """
     logits, ids, tree, requests, method, draft_probs, uniforms, strict = step

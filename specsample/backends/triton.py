@@ -1,4 +1,4 @@
-"""The Triton backend: the fused kernels of :mod:`specsample.kernels` behind the backend seam.
+"""The Triton backend: the kernels of :mod:`specsample.kernels.triton` behind the backend seam.
 
 Same arguments and results as :mod:`specsample.backends.eager` on the same uniforms (up to
 floating-point ties at a boundary of the inverse CDF). It runs on CUDA tensors, and on CPU
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from specsample import kernels
-from specsample.kernels import gumbel
+from specsample.kernels import triton as kernels
+from specsample.kernels.triton import gumbel
 from specsample.plan import LogitsStep
-from specsample.shared import PaddedRule
+from specsample.rules.chain import PaddedRule
 
 
 def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
@@ -24,7 +24,7 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
 
 def verify_gumbel(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`specsample.backends.eager.verify_gumbel`, by the keyed Gumbel-max kernel
-    (:func:`specsample.kernels.gumbel.verify_gumbel`; same step, same tokens)."""
+    (:func:`specsample.kernels.triton.gumbel.verify_gumbel`; same step, same tokens)."""
     if step.bonus_token_ids is not None:
         step = step._replace(bonus_token_ids=step.bonus_token_ids.contiguous())
     return gumbel.verify_gumbel(step)

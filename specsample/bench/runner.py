@@ -17,7 +17,7 @@ from specsample.bench.contestants import (
 from specsample.bench.inputs import DEFAULT_SHAPES, Shape, check_shape, make_inputs
 from specsample.bench.measure import Flusher, cache_flush_bytes, profile_calls
 from specsample.checks import check_int
-from specsample.native import jit
+from specsample.kernels.cpu import compiler
 from specsample.stats import expected_acceptance
 from specsample.timing import Stopwatch
 
@@ -198,7 +198,7 @@ def run_benchmark(
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        jit.warm_up()
+        compiler.warm_up()
         flush = Flusher(device, nbytes)
         hf, hf_note = _find_transformers_sampler()
         setup = _Setup(repeats, slow_repeats, device, dtype, flush, hf, hf_note)

@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 
 from specsample import __version__
 from specsample.cli import bench, compare, demo, generate, warm
-from specsample.native import jit
+from specsample.kernels.cpu import compiler
 
 COMMANDS = {
     "demo": demo,
@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return exc.code if isinstance(exc.code, int) else 2
         prog = f"specsample {args.command}"
         if args.command != "warm":  # compiled (announced) or loaded before anything is timed
-            jit.warm_up()
+            compiler.warm_up()
         return int(COMMANDS[args.command].run(args))
     except KeyboardInterrupt:
         sys.stdout.flush()

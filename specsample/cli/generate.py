@@ -64,7 +64,7 @@ from specsample.cli.output import (
     print_stats,
 )
 from specsample.cli.progress import Progress, import_tqdm
-from specsample.generate.loop import speculative_generate, target_generate
+from specsample.generate.decoder import speculative_generate, target_generate
 from specsample.generate.policy import PolicyMemory
 from specsample.generate.stats import GenerationInterrupted
 

@@ -37,8 +37,8 @@ from specsample.cli.args import (
     int_in_range,
     number_in_range,
 )
+from specsample.generate.decoder import MAX_K
 from specsample.generate.inputs import MAX_NEW_TOKENS
-from specsample.generate.loop import MAX_K
 from specsample.generate.tree import TreeShape
 from specsample.methods import (
     MAX_STEP_TREE_NODES,

@@ -1,7 +1,8 @@
 """``specsample warm``: compile the fused CPU kernels ahead of time.
 
 The first use of the CPU kernels on a machine compiles them (about a minute, announced) and
-caches the machine code for the user (:mod:`specsample.native.jit`); every later process loads
+caches the machine code for the user (:mod:`specsample.kernels.cpu.compiler`); every later process
+loads
 it. This command does that step now, at install or image-build time, so that no later call
 waits for it: it prints where the cache is and whether the kernels were compiled or loaded.
 
@@ -21,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from specsample.native import jit
+from specsample.kernels.cpu import compiler
 
 
 def add_parser(commands: Any) -> None:
@@ -44,17 +45,17 @@ def check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     """Compile or load the kernels: 0 when they are ready, 1 when they cannot be (numba
     missing, or a compilation failed)."""
-    if not jit.available():
+    if not compiler.available():
         print("specsample warm: numba is not installed: pip install 'specsample[cpu]'",
               file=sys.stderr)  # fmt: skip
         return 1
     started = time.perf_counter()
-    ready = jit.warm_up(io.StringIO() if args.quiet else None)
+    ready = compiler.warm_up(io.StringIO() if args.quiet else None)
     if not ready:
         print("specsample warm: the CPU kernels did not compile", file=sys.stderr)
         return 1
     if not args.quiet:
         seconds = time.perf_counter() - started
         print(f"specsample warm: the CPU kernels are ready ({seconds:.1f} s), cached in "
-              f"{jit.cache_dir() / jit.sources_key()}")  # fmt: skip
+              f"{compiler.cache_dir() / compiler.sources_key()}")  # fmt: skip
     return 0

@@ -15,18 +15,18 @@ tree per sequence instead of a chain, and the target scores every node in one fo
 ``transformers`` is needed to run a model but is imported only when one is used.
 """
 
-from specsample.generate.drafters import Drafter, ModelDrafter, Proposal
-from specsample.generate.inputs import MAX_NEW_TOKENS
-from specsample.generate.loop import (
+from specsample.generate.config import Callbacks
+from specsample.generate.decoder import (
     MAX_K,
     Decoder,
     GenerationOutput,
     speculative_generate,
     target_generate,
 )
+from specsample.generate.drafters import Drafter, ModelDrafter, Proposal
+from specsample.generate.inputs import MAX_NEW_TOKENS
 from specsample.generate.ngram import NGramDrafter
 from specsample.generate.policy import PolicyMemory
-from specsample.generate.run import Callbacks
 from specsample.generate.sampling import SamplingState
 from specsample.generate.state import DecodeState, Prefill
 from specsample.generate.stats import GenerationStats

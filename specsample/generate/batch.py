@@ -5,16 +5,16 @@ budgets and sampling parameters, admits the next prompts of the queue as soon as
 free (their prompts run through the models and join the caches), commits what a step emits,
 and retires the sequences that finished, so the batch stays full until the queue is empty.
 Its one host synchronisation per step (:meth:`Batch.synchronise`) decides termination. The
-step itself (draft, score, verify) is :mod:`specsample.generate.step`.
+step itself (draft, score, verify) is :mod:`specsample.generate.loop`.
 """
 
 from __future__ import annotations
 
 import torch
 
+from specsample.generate.config import Run
 from specsample.generate.drafters import ModelDrafter
 from specsample.generate.policy import DraftLengthPolicy
-from specsample.generate.run import Run
 from specsample.generate.state import DecodeState, Prefill
 from specsample.generate.stats import GenerationStats
 from specsample.generate.tree import TreeLayout

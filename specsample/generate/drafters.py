@@ -1,7 +1,7 @@
 """Drafters: what proposes the ``k`` tokens the target then verifies in one forward.
 
 Every drafter implements the small :class:`Drafter` protocol. The decoding loop
-(:mod:`specsample.generate.loop`) owns the committed tokens of every sequence
+(:mod:`specsample.generate.decoder`) owns the committed tokens of every sequence
 (:class:`~specsample.generate.state.DecodeState`) and the sampling parameters
 (:class:`~specsample.generate.sampling.SamplingState`); a drafter reads them, proposes ``k``
 tokens per active sequence and, when it samples them, returns the exact distributions it

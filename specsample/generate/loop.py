@@ -1,497 +1,214 @@
-"""Batched speculative decoding over a pair of causal LMs, and target-only decoding.
+"""The steps of the loop over a :class:`~specsample.generate.batch.Batch`, and the loop itself.
 
-One step of :func:`speculative_generate`, for every active sequence at once:
-
-1. the drafter proposes ``k`` tokens (and, for a draft model, the distributions it sampled
-   them from);
-2. the target scores the last committed token and the ``k`` drafts in ONE forward over
-   ``k + 1`` slots per sequence;
-3. :func:`specsample.verify` accepts a prefix of the drafts and emits one more token
-   (``method="chain"`` or ``"block"``; greedy where the temperature is 0), with randomness
-   keyed by each sequence's seed and absolute position (or, with ``method="typical"``,
-   Medusa's lossy typical acceptance does);
-4. the emitted tokens are appended; the target's slots of rejected drafts, and the draft
-   model's, are masked for good, so both caches stay rectangular while every sequence
-   advances by its own accepted length;
-5. sequences that produced EOS or reached ``max_new_tokens`` leave the batch (their cache
-   rows are dropped), so they stop costing compute, and the next prompts of the queue take
-   their places at once (continuous batching: their prompts are prefilled and join the
-   caches).
-
-The steps are those of :mod:`specsample.generate.step` over the active sequences of
-:mod:`specsample.generate.batch`. :func:`target_generate` runs the same loop without drafts:
-one target forward per token, sampled by the same :func:`specsample.verify` processing, so
-the two are directly comparable. Both are thin wrappers of a :class:`Decoder`, the reusable
-object that holds the models, the configuration and the draft-length policy's
-:class:`~specsample.generate.policy.PolicyMemory` across its calls.
-
-At most ``max_batch_size`` sequences are decoded at once, entering in prompt order; the
-output is in prompt order, and a seeded sequence's output depends only on its prompt, its
-seed and its sampling parameters, never on which sequences share its steps (up to
-floating-point differences between batch shapes).
+A step drafts ``m <= k`` tokens per active sequence (``m`` chosen by the draft-length policy
+when adaptive), scores them with one target forward over ``m + 1`` slots, verifies them
+(:mod:`specsample.generate.verifying`), commits the emitted tokens (masking the slots of
+rejected drafts) and retires the sequences that finished. A tree step drafts a token tree
+per sequence instead and scores every node in one forward. A step's only host
+synchronisation is one small transfer deciding termination (plus the new tokens when
+``on_tokens`` streams them, and, when an adaptive length is chosen for prompt-lookup
+drafts, which sequences found a match).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, NamedTuple, cast
-
 import torch
-from typing_extensions import TypedDict, Unpack
 
-from specsample.adapter import CachedLM, vocab_size
-from specsample.checks import check_flag, check_int
-from specsample.generate import inputs
+from specsample import timing
+from specsample.generate import verifying
 from specsample.generate.batch import Batch
-from specsample.generate.drafters import Drafter, ModelDrafter
-from specsample.generate.policy import PolicyMemory
-from specsample.generate.run import (
-    Callbacks,
-    FinishCallback,
-    ProgressCallback,
-    Run,
-    TokenCallback,
-)
-from specsample.generate.sampling import SamplingState
-from specsample.generate.stats import GenerationStats
-from specsample.generate.step import decode
-from specsample.generate.tree import TreeShape
-from specsample.metadata import Scalars
-from specsample.methods import (
-    METHODS,
-    Drafting,
-    chain_methods,
-    check_method,
-    check_traversal_drafting,
-    tree_method,
-    tree_methods,
-)
-from specsample.params import SamplingParams, Seeds
-
-MAX_K = 64
-"""Most drafts per step. Every step costs ``k`` draft forwards and a target forward over
-``k + 1`` slots per sequence, while the chance that all drafts are accepted decays
-geometrically with ``k``; the random streams would allow up to
-``specsample.random.STEP_STRIDE - 1``."""
+from specsample.generate.config import TokenCallback
+from specsample.generate.drafters import ModelDrafter
+from specsample.generate.stats import GenerationInterrupted, GenerationStats
+from specsample.generate.tree import TreeLayout
 
 
-class GenerationOutput(NamedTuple):
-    """What :meth:`Decoder.generate`, :func:`speculative_generate` and
-    :func:`target_generate` return.
+def _stream(
+    on_tokens: TokenCallback, rows: list[int], take: torch.Tensor, new: torch.Tensor
+) -> None:
+    """Hand every sequence's new tokens (``take [batch]`` of ``new [batch, k + 1]``) over."""
+    for row, values in zip(rows, torch.cat([take.unsqueeze(1), new], dim=1).tolist(), strict=True):
+        if values[0]:
+            on_tokens(row, values[1 : 1 + values[0]])
 
-    Attributes
-    ----------
-    sequences : list[list[int]]
-        The generated token ids of every prompt, in prompt order (prompt excluded; a final
-        EOS included).
-    stats : GenerationStats
-        Counters of the whole run.
+
+def _clock(batch: Batch) -> float:
+    """Now, once the device is done (only when the policy times the steps)."""
+    return timing.now(batch.state.tokens.device if batch.policy is not None else None)
+
+
+def _propose(batch: Batch, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``[batch, k]`` drafts and their ``[batch, k, vocab]`` distributions (or ``None``)."""
+    drafter, state = batch.run.drafter, batch.state
+    if drafter is None or not k:
+        device = state.tokens.device
+        return torch.zeros(state.batch, 0, dtype=torch.int64, device=device), None
+    proposal = drafter.propose(state, k, batch.sampling)
+    return proposal.token_ids, proposal.probs
+
+
+def _propose_then_choose(batch: Batch) -> tuple[torch.Tensor, None, list[int]]:
+    """A costless drafter's drafts, cut to the length the policy chooses knowing which
+    sequences found some (one host transfer); and how many each really offers.
+
+    Nothing is proposed when the policy would not draft even if every sequence had
+    drafts (a plain step then costs no search).
     """
-
-    sequences: list[list[int]]
-    stats: GenerationStats
-
-
-class CallOptions(TypedDict, total=False):
-    """The keyword options of :func:`target_generate` (and of :func:`speculative_generate`),
-    as :func:`speculative_generate` documents them."""
-
-    temperature: Scalars
-    top_k: Scalars
-    top_p: Scalars
-    min_p: Scalars
-    seeds: int | Sequence[int | None] | None
-    generator: torch.Generator | None
-    max_new_tokens: int | Sequence[int]
-    eos_token_id: int | Sequence[int] | None
-    max_batch_size: int | None
-    on_tokens: TokenCallback | None
-    on_progress: ProgressCallback | None
-    on_finish: FinishCallback | None
+    policy, drafter, state = batch.policy, batch.run.drafter, batch.state
+    if policy is None or drafter is None:
+        raise RuntimeError("choosing a draft length needs a policy and a drafter")
+    room = batch.room_left()
+    if not policy.choose(room):
+        return state.tokens.new_zeros(state.batch, 0), None, [0] * len(room)
+    proposal = drafter.propose(state, max(room, default=1) - 1, batch.sampling)
+    mask = proposal.drafting
+    drafting = [True] * len(room) if mask is None else mask.tolist()
+    asked = policy.refine(room, drafting)
+    rows = zip(room, drafting, strict=True)
+    offered = [min(asked, left - 1) if wants else 0 for left, wants in rows]
+    return proposal.token_ids[:, :asked], None, offered
 
 
-class SpeculativeOptions(CallOptions, total=False):
-    """The keyword options of :func:`speculative_generate`: those of :class:`CallOptions`
-    and the configuration of its :class:`Decoder`."""
-
-    k: int
-    method: str
-    adaptive: bool
-    tree: TreeShape | None
-    memory: PolicyMemory | None
-
-
-def _target_lm(target: Any) -> CachedLM:
-    """``target`` itself, or a :class:`CachedLM` of a causal LM."""
-    return target if isinstance(target, CachedLM) else CachedLM(target, role="target")
-
-
-def _as_drafter(drafter: object, lm: CachedLM) -> Drafter:
-    """``drafter`` itself, or a :class:`ModelDrafter` of a causal LM, checked against ``lm``.
-
-    A draft model must know every token the target may emit: its vocabulary may be larger
-    than the target's (the extra tokens are never proposed), never smaller. This is checked
-    on the config before the draft model runs at all.
-    """
-    if isinstance(drafter, ModelDrafter):
-        draft_vocab = drafter.lm.vocab_size
-    elif isinstance(drafter, Drafter):
-        return drafter
-    elif getattr(drafter, "config", None) is not None:
-        draft_vocab = vocab_size(drafter, role="draft")
-    else:
-        raise TypeError(
-            "drafter must be a Drafter (e.g. NGramDrafter()) or a transformers causal LM, "
-            f"got {type(drafter).__name__}"
-        )
-    if draft_vocab < lm.vocab_size:
-        raise ValueError(
-            f"drafter: the draft model's vocabulary has {draft_vocab} tokens but the target's "
-            f"has {lm.vocab_size}; the draft model cannot read every token the target may "
-            "emit (are they from the same tokenizer family?)"
-        )
-    return drafter if isinstance(drafter, ModelDrafter) else ModelDrafter(drafter)
+def _drafts(
+    batch: Batch,
+) -> tuple[int, torch.Tensor, torch.Tensor | None, list[int] | None]:
+    """The step's drafts: how many were asked for, ``[batch, m]`` drafts, their
+    distributions, and how many each sequence really offers (``None``: all ``m``)."""
+    if batch.policy is None:
+        wanted = 0 if batch.tree is not None else batch.run.k
+        asked = max(0, batch.run.lm.room(wanted + 1) - 1)
+        drafts, probs = _propose(batch, asked)
+        return asked, drafts, probs, None
+    if getattr(batch.run.drafter, "costless", False):
+        drafts, probs, offered = _propose_then_choose(batch)
+        return drafts.shape[1], drafts, probs, offered
+    asked = batch.policy.choose(batch.room_left())
+    drafts, probs = _propose(batch, asked)
+    return asked, drafts, probs, None
 
 
-def _tree_rule(tree: object, method: str, source: Drafter) -> str:
-    """The tree rule of a tree run: ``method``, or the rule ``tree.drafting`` calls for."""
-    if not isinstance(tree, TreeShape):
-        raise TypeError(f"tree must be a TreeShape, got {type(tree).__name__}")
-    if not isinstance(source, ModelDrafter):
-        raise ValueError(f"tree drafting needs a draft model; the {source.name} drafter has none")
-    drafting = cast(Drafting, tree.drafting)
-    if method == "traversal":
-        check_traversal_drafting(drafting)
-        return method
-    if method == "gumbel":
-        raise ValueError(
-            "method='gumbel' verifies chains of drafts; tree drafting takes a tree rule "
-            f"{tree_methods()!r}"
-        )
-    return tree_method(drafting, None if method == "chain" else method)
+def _score(batch: Batch, drafts: torch.Tensor) -> torch.Tensor:
+    """``[batch, k + 1, vocab]`` target logits of the last committed token and the drafts."""
+    state = batch.state
+    inputs = torch.cat([state.last_tokens().unsqueeze(1), drafts], dim=1)
+    cols = torch.arange(inputs.shape[1], device=inputs.device)
+    positions = (state.lengths - 1).unsqueeze(1) + cols
+    return batch.run.lm.forward(inputs, positions, keep=inputs.shape[1])
 
 
-def _check_context(k: int, lm: CachedLM) -> None:
-    """Refuse a ``k`` that is not below the target's context."""
-    if lm.max_positions is not None and k >= lm.max_positions:
-        raise ValueError(
-            f"k must be below the target's context ({lm.max_positions} positions): a step "
-            f"scores k + 1 slots, got k={k}"
-        )
+def _verify(
+    batch: Batch, logits: torch.Tensor, drafts: torch.Tensor, probs: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[batch, k + 1]`` emitted tokens (then -1) and ``[batch]`` how many were emitted."""
+    return verifying.chain_step(
+        logits,
+        drafts,
+        probs,
+        batch.sampling,
+        batch.state.lengths,
+        layout=batch.layout(drafts.shape[1]),
+        method=batch.method,
+    )
 
 
-class Decoder:
-    """A target (and a drafter) with the configuration of their decoding, reusable.
+def step(batch: Batch, results: list[list[int]]) -> None:
+    """Draft, score, verify and commit one step of every active sequence."""
+    if batch.tree is not None and _tree_fits(batch, batch.tree):
+        _tree_step(batch, batch.tree, results)
+        return
+    run = batch.run
+    started = timing.now()
+    asked, drafts, probs, offered = _drafts(batch)
+    k = drafts.shape[1]
+    drafted = started if offered is not None else _clock(batch)
+    logits = _score(batch, drafts)
+    new, emitted = _verify(batch, logits, drafts, probs)
+    take, finished = batch.commit(new, emitted)
+    any_finished, accepted = batch.synchronise(take, finished, emitted, new.shape[1])
+    verified = timing.now()
+    for j in range(k):
+        batch.offered[j] += batch.state.batch
+    if batch.policy is not None:
+        batch.policy.record(k, accepted, verified - drafted, drafted - started, offered)
+    if run.callbacks.on_tokens is not None:
+        _stream(run.callbacks.on_tokens, batch.rows, take, new)
+    if run.drafter is not None and asked:
+        run.drafter.update(emitted - 1, batch.state)
+    elif run.drafter is not None:
+        run.drafter.skip(batch.state)
+    if any_finished:
+        batch.retire(finished, results)
+    run.lm.maybe_compact(batch.state.max_length)
 
-    Every :meth:`generate` call decodes its prompts with the same models and rule; the
-    draft-length policy of every call starts from what the earlier calls given the same
-    :attr:`memory` measured (step timings) and saw (acceptance of first drafts).
+
+def _tree_fits(batch: Batch, layout: TreeLayout) -> bool:
+    """Whether both models have room for a tree step within their contexts."""
+    slots = int(layout.parents.shape[0])
+    drafter = batch.run.drafter
+    fits = isinstance(drafter, ModelDrafter) and drafter.room_for_tree(layout)
+    return fits and batch.run.lm.room(slots) == slots
+
+
+def _tree_step(batch: Batch, layout: TreeLayout, results: list[list[int]]) -> None:
+    """Draft a tree per sequence, score every node in one forward, verify, commit."""
+    run, state = batch.run, batch.state
+    shape, tree, drafter = run.tree, batch.draft_tree, run.drafter
+    if shape is None or tree is None or not isinstance(drafter, ModelDrafter):
+        raise RuntimeError("a tree step needs a tree shape and a draft model")
+    proposal = drafter.propose_tree(state, shape, layout, batch.sampling)
+    tokens = proposal.token_ids
+    positions = (state.lengths - 1).unsqueeze(1) + layout.depth
+    logits = run.lm.forward(tokens, positions, keep=0, visible=layout.visible)
+    out = verifying.tree_step(
+        logits, tokens, proposal.probs, batch.sampling, state.lengths, tree=tree, method=run.method
+    )
+    nodes = torch.arange(tokens.shape[1], device=tokens.device)
+    on_path = (out.path.unsqueeze(2) == nodes).any(dim=1)
+    take, finished = batch.commit(out.token_ids, out.num_emitted, valid=on_path)
+    kept = out.path.max(dim=1).values + 1
+    any_finished, _ = batch.synchronise(take, finished, out.num_emitted, tokens.shape[1], kept)
+    for j in range(shape.depth):
+        batch.offered[j] += state.batch
+    if run.callbacks.on_tokens is not None:
+        _stream(run.callbacks.on_tokens, batch.rows, take, out.token_ids)
+    drafter.update_tree(out.path, state)
+    if any_finished:
+        batch.retire(finished, results)
+    run.lm.maybe_compact(state.max_length)
+
+
+def decode(batch: Batch, results: list[list[int]]) -> GenerationStats:
+    """Decode every prompt of ``batch``'s queue; write each output into ``results``.
+
+    Prompts enter in order; whenever sequences finish, the next prompts take their places
+    before the next step (continuous batching).
 
     Parameters
     ----------
-    target : transformers.PreTrainedModel or CachedLM
-        The causal LM to sample from (eval mode). Its forward must honour an attention mask
-        and explicit position ids with a cache (:func:`specsample.adapter.check_masked_cache`).
-    drafter : Drafter or transformers.PreTrainedModel, optional
-        A :class:`~specsample.generate.drafters.Drafter` (e.g. an
-        :class:`~specsample.generate.ngram.NGramDrafter`), or a draft causal LM sharing
-        the target's tokenizer (wrapped in a :class:`~specsample.generate.drafters.ModelDrafter`),
-        whose vocabulary (``config.vocab_size``) must be at least the target's. ``None``:
-        target-only decoding (``k``, ``method``, ``adaptive`` are then ignored).
-    k : int
-        Drafts per step (the most, with ``adaptive``), in ``[1, MAX_K]`` (64) and below the
-        target's context (``max_position_embeddings``).
-    method : str
-        One of :func:`specsample.methods.chain_methods` ``(lossy=True)``: ``"chain"`` (token
-        by token) or ``"block"`` (block verification; needs a drafter that samples, such as
-        a draft model), both exact; ``"gumbel"`` (exact and drafter-invariant: a seeded
-        sequence's output is the one :func:`target_generate` gives for the same seed, whatever
-        the drafter, ``k``, the batch or the threads; a draft model then proposes its own
-        keyed Gumbel-max tokens, see :mod:`specsample.rules.gumbel`); or ``"typical"``:
-        Medusa's typical acceptance, which is LOSSY (its output does not follow the target's
-        distribution; see the rule's entry in :data:`specsample.methods.METHODS`).
-    adaptive : bool
-        Choose each step's draft length in ``0..k`` to maximise tokens per second, from the
-        acceptance seen so far and the measured step times (:mod:`specsample.generate.policy`;
-        0 is a plain decoding step). The choice reads nothing of the step's own randomness,
-        so the output law is unchanged. ``False`` drafts ``k`` every step.
-    tree : TreeShape, optional
-        Draft a token tree of this shape every step instead of a chain
-        (:mod:`specsample.generate.tree`): the draft model (``drafter`` must be one) expands
-        it a level per forward, the target scores every node of every sequence's tree in ONE
-        forward with a tree attention mask, and only the accepted path's cache slots are
-        kept. ``method`` is then a tree rule exact for ``tree.drafting``
-        (:func:`specsample.methods.tree_method`; the default ``"chain"`` stands for the
-        rule derived from it), or ``"traversal"`` (traversal verification, for sampled
-        children), ``k`` and ``adaptive`` are ignored, and greedy rows follow the target's
-        argmax down the tree.
-    memory : PolicyMemory, optional
-        What the draft-length policy starts from and keeps up to date (default: a new one,
-        which this decoder's calls share).
-
-    Raises
-    ------
-    TypeError
-        An argument of the wrong type (``drafter`` neither a Drafter nor a causal LM, ...).
-    ValueError
-        ``k`` out of range; ``method`` unknown, or ``"block"`` with a drafter that does not
-        sample; a draft model whose vocabulary is smaller than the target's (both sizes
-        named, before either model decodes); a model that does not honour a masked cache.
-    """
-
-    def __init__(
-        self,
-        target: Any,
-        drafter: Drafter | Any | None = None,
-        *,
-        k: int = 4,
-        method: str = "chain",
-        adaptive: bool = True,
-        tree: TreeShape | None = None,
-        memory: PolicyMemory | None = None,
-    ) -> None:
-        self.lm = _target_lm(target)
-        if memory is not None and not isinstance(memory, PolicyMemory):
-            raise TypeError(f"memory must be a PolicyMemory, got {type(memory).__name__}")
-        self.memory = PolicyMemory() if memory is None else memory
-        self.tree = tree
-        if drafter is None:
-            if tree is not None:
-                raise ValueError("tree drafting needs a draft model; drafter is None")
-            self.drafter: Drafter | None = None
-            self.k, self.method, self.adaptive = 0, "chain", False
-            return
-        source = _as_drafter(drafter, self.lm)
-        if tree is not None:
-            method, k = _tree_rule(tree, method, source), tree.depth
-        else:
-            check_method(method, chain_methods(lossy=True))
-        check_int("k", k, 1, MAX_K)
-        _check_context(k if tree is None else tree.nodes, self.lm)
-        if tree is None and METHODS[method].needs_draft_probs and not source.samples:
-            raise ValueError(
-                f"method={method!r} needs draft distributions, which the {source.name} "
-                "drafter does not provide; use method='chain'"
-            )
-        self.drafter, self.k, self.method = source, k, method
-        self.adaptive = check_flag("adaptive", adaptive) and tree is None
-
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]] | torch.Tensor,
-        sampling: SamplingParams | None = None,
-        *,
-        max_new_tokens: int | Sequence[int] = 64,
-        eos_token_id: int | Sequence[int] | None = None,
-        max_batch_size: int | None = None,
-        callbacks: Callbacks | None = None,
-    ) -> GenerationOutput:
-        """Generate from the target, a batch of prompts at a time.
-
-        With a drafter, the output follows the target's processed distribution exactly
-        (and, at temperature 0, equals the target's greedy decoding token for token),
-        unless ``method="typical"``.
-
-        Parameters
-        ----------
-        prompts : sequence of sequences of int, or torch.Tensor
-            Token ids of each prompt (ragged), or a ``[batch, length]`` integer tensor.
-        sampling : SamplingParams, optional
-            What each prompt asks, one value or one per prompt (default: greedy,
-            ``SamplingParams(temperature=0.0)``): temperature, top-k, top-p and min-p as
-            in :func:`specsample.verify` (the draft model's distributions get the same
-            processing); ``seeds`` one per prompt (randomness keyed by ``(seed, absolute
-            position)``, drafts and verification on streams of their own); the other
-            prompts draw from ``generators`` or ``generator``.
-        max_new_tokens : int or sequence of int
-            Most tokens generated per prompt (one value, or one per prompt), in
-            ``[1, MAX_NEW_TOKENS]`` (``2**20``; fewer if the target's context ends first).
-        eos_token_id : int or sequence of int, optional
-            A sequence stops after producing one of these.
-        max_batch_size : int, optional
-            Decode at most this many prompts at once (default: all). When a sequence
-            finishes, the next prompt takes its place before the next step. A step holds
-            about ``batch * (k + 1) * vocab`` logits (and as many draft probabilities), so
-            memory grows with it, not with the number of prompts.
-        callbacks : Callbacks, optional
-            What to call while the prompts decode (``on_finish`` gets what
-            ``sequences[prompt_index]`` will hold).
-
-        Returns
-        -------
-        GenerationOutput
-            The generated ids per prompt and the run's :class:`GenerationStats`.
-
-        Raises
-        ------
-        TypeError
-            An argument of the wrong type.
-        ValueError
-            ``max_new_tokens``, ``max_batch_size``, a prompt, a seed or a sampling
-            parameter out of range (the message names it).
-
-        """
-        lm = self.lm
-        prompt_ids = inputs.prompt_list(prompts)
-        count = len(prompt_ids)
-        budgets = inputs.token_budgets(prompt_ids, max_new_tokens, lm.vocab_size, lm.max_positions)
-        size = check_int("max_batch_size", count if max_batch_size is None else max_batch_size, 1)
-        params = SamplingParams(temperature=0.0) if sampling is None else sampling
-        method = self.method
-        if self.drafter is None and _seeded(params.seeds):
-            method = "gumbel"  # seeded target-only decoding: the tokens method="gumbel" emits
-        state = SamplingState.build(count, lm.device, params, keyed=method == "gumbel")
-        eos = inputs.eos_ids(eos_token_id)
-        if callbacks is not None and not isinstance(callbacks, Callbacks):
-            raise TypeError(f"callbacks must be a Callbacks, got {type(callbacks).__name__}")
-        run = Run(
-            lm=lm,
-            drafter=self.drafter,
-            k=self.k,
-            method=method,
-            sampling=state,
-            eos=torch.tensor(eos, dtype=torch.int64, device=lm.device) if eos else None,
-            callbacks=Callbacks() if callbacks is None else callbacks,
-            adaptive=self.adaptive,
-            tree=self.tree,
-            memory=self.memory,
-        )
-        results: list[list[int]] = [[] for _ in prompt_ids]
-        with torch.inference_mode():
-            stats = decode(Batch(run, prompt_ids, budgets, size), results)
-        return GenerationOutput(results, stats)
-
-
-def _seeded(seeds: Seeds | None) -> bool:
-    """Whether any prompt has a seed (a tensor's negative entries and ``None`` have none)."""
-    if isinstance(seeds, torch.Tensor):
-        return bool((seeds >= 0).any())
-    return seeds is not None and any(s is not None and s >= 0 for s in seeds)
-
-
-def _seeds(seeds: object, prompts: object) -> Seeds | None:
-    """The seeds as :class:`SamplingParams` takes them: an int ``s`` gives prompt ``i`` the
-    seed ``s + i``; anything else as given (validated with the other parameters)."""
-    if isinstance(seeds, int) and not isinstance(seeds, bool):
-        return inputs.seed_list(seeds, len(inputs.prompt_list(prompts)))
-    return cast("Seeds | None", seeds)
-
-
-_DECODER_OPTIONS = ("k", "method", "adaptive", "tree", "memory")
-"""The keyword options of :func:`speculative_generate` that configure the :class:`Decoder`."""
-
-_GENERATE_OPTIONS = ("max_new_tokens", "eos_token_id", "max_batch_size")
-"""The keyword options that :meth:`Decoder.generate` takes as they are."""
-
-
-def _taken(options: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
-    """The ``options`` among ``names``, removed from ``options``: what was not given keeps
-    the default of the function it goes to."""
-    return {name: options.pop(name) for name in names if name in options}
-
-
-def _call(decoder: Decoder, prompts: Any, options: CallOptions, name: str) -> GenerationOutput:
-    """``decoder.generate`` with the flat keyword ``options`` of the wrapper ``name``
-    gathered into objects (any other keyword is refused)."""
-    for option in options:
-        if option not in CallOptions.__optional_keys__:
-            raise TypeError(f"{name}() got an unexpected keyword argument {option!r}")
-    sampling = SamplingParams(
-        temperature=options.get("temperature", 0.0),
-        top_k=options.get("top_k"),
-        top_p=options.get("top_p"),
-        min_p=options.get("min_p"),
-        seeds=_seeds(options.get("seeds"), prompts),
-        generator=options.get("generator"),
-    )
-    callbacks = Callbacks(
-        on_tokens=options.get("on_tokens"),
-        on_progress=options.get("on_progress"),
-        on_finish=options.get("on_finish"),
-    )
-    limits = _taken(cast("dict[str, Any]", options), _GENERATE_OPTIONS)
-    return decoder.generate(prompts, sampling, callbacks=callbacks, **limits)
-
-
-def speculative_generate(
-    target: Any,
-    prompts: Sequence[Sequence[int]] | torch.Tensor,
-    drafter: Drafter | Any,
-    **options: Unpack[SpeculativeOptions],
-) -> GenerationOutput:
-    """Generate from ``target`` with speculative decoding, a batch of prompts at a time.
-
-    The output follows the target's processed distribution exactly (and, at temperature 0,
-    equals the target's greedy decoding token for token). A thin wrapper of
-    ``Decoder(target, drafter, k=..., ...).generate(prompts, ...)``: the keyword options
-    are gathered into a :class:`Decoder`, a :class:`~specsample.params.SamplingParams`
-    (whose ``temperature`` defaults to 0 here) and :class:`~specsample.generate.run.Callbacks`.
-
-    Parameters
-    ----------
-    target : transformers.PreTrainedModel or CachedLM
-        The causal LM to sample from (see :class:`Decoder`).
-    prompts : sequence of sequences of int, or torch.Tensor
-        Token ids of each prompt (ragged), or a ``[batch, length]`` integer tensor.
-    drafter : Drafter or transformers.PreTrainedModel
-        What proposes the drafts (see :class:`Decoder`).
-    **options
-        Keyword options, each optional. Those of the :class:`Decoder`: ``k`` (default 4),
-        ``method`` (``"chain"``), ``adaptive`` (``True``), ``tree`` and ``memory`` (default:
-        none, the call starts fresh; calls given the same one share what the draft-length
-        policy learnt). Those of :meth:`Decoder.generate`: ``max_new_tokens`` (default 64),
-        ``eos_token_id`` and ``max_batch_size``. The sampling parameters, one value or one
-        per prompt, as in :func:`specsample.verify`: ``temperature`` (default 0: greedy),
-        ``top_k``, ``top_p``, ``min_p``; ``seeds``, an int ``s`` giving prompt ``i`` the
-        seed ``s + i``, or one per prompt (randomness keyed by ``(seed, absolute
-        position)``); ``generator``, the randomness of unseeded prompts. The callbacks:
-        ``on_tokens(prompt_index, new_token_ids)`` every step a sequence grows,
-        ``on_progress(finished_sequences, total_sequences, tokens_generated)`` every step,
-        ``on_finish(prompt_index, token_ids)`` once per prompt as it finishes.
+    batch : Batch
+        The call's active sequences (none yet) and queue of prompts.
+    results : list of list of int
+        Where ``results[i]`` receives the tokens generated for prompt ``i``.
 
     Returns
     -------
-    GenerationOutput
-        What :meth:`Decoder.generate` returns.
+    GenerationStats
+        The run's counters.
 
     Raises
     ------
-    TypeError, ValueError
-        As :class:`Decoder` and :meth:`Decoder.generate` (the message names the argument);
-        ``TypeError`` for an unknown keyword.
+    GenerationInterrupted
+        On Ctrl-C (a ``KeyboardInterrupt``), with the counters of the steps that ran.
     """
-    given = cast("dict[str, Any]", options)
-    decoder = Decoder(target, drafter, **_taken(given, _DECODER_OPTIONS))
-    return _call(decoder, prompts, options, "speculative_generate")
-
-
-def target_generate(
-    target: Any,
-    prompts: Sequence[Sequence[int]] | torch.Tensor,
-    **options: Unpack[CallOptions],
-) -> GenerationOutput:
-    """Generate from ``target`` alone, one forward per token: the baseline to compare with.
-
-    Tokens are drawn by :func:`specsample.verify` without drafts, so the processing
-    (temperature, top-k, top-p, min-p; greedy at temperature 0) and the randomness keyed by
-    ``(seed, position)`` are those of :func:`speculative_generate`. With seeds, every token is
-    the keyed Gumbel-max sample of ``method="gumbel"``: ``speculative_generate(...,
-    method="gumbel")`` with the same seeds gives the same tokens (:mod:`specsample.rules.gumbel`).
-    A thin wrapper of ``Decoder(target).generate(prompts, ...)``.
-
-    Parameters
-    ----------
-    target : transformers.PreTrainedModel or CachedLM
-        The causal LM to sample from.
-    prompts : sequence of sequences of int, or torch.Tensor
-        The prompts, as :func:`speculative_generate` takes them.
-    **options
-        The keyword options of :func:`speculative_generate` but those of the
-        :class:`Decoder` (``k``, ``method``, ``adaptive``, ``tree``, ``memory``).
-
-    Returns
-    -------
-    GenerationOutput
-        What :meth:`Decoder.generate` returns.
-    """
-    return _call(Decoder(target), prompts, options, "target_generate")
+    watch = timing.Stopwatch()
+    batch.admit()
+    on_progress = batch.run.callbacks.on_progress
+    try:
+        while batch.rows:
+            step(batch, results)
+            batch.admit()
+            if on_progress is not None:
+                on_progress(batch.finished, len(batch.prompts), batch.generated)
+    except KeyboardInterrupt as interrupt:
+        raise GenerationInterrupted(batch.stats(watch.elapsed())) from interrupt
+    return batch.stats(watch.elapsed())

@@ -18,7 +18,7 @@ from specsample.api import verify, verify_tree
 from specsample.generate.sampling import SamplingState
 from specsample.metadata import BatchLayout
 from specsample.params import DraftTree
-from specsample.shared import TreeVerifyResult
+from specsample.rules.tree.structure import TreeVerifyResult
 
 
 def chain_step(

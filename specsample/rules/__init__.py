@@ -9,8 +9,7 @@
 * :mod:`specsample.rules.rows` — where a rule reads its rows from (probabilities or logits).
 """
 
-from specsample.rules.chain import chain_verify
+from specsample.rules.chain import VerifyResult, chain_verify
 from specsample.rules.tree import TreeVerifyResult, traversal_verify, tree_verify
-from specsample.shared import VerifyResult
 
 __all__ = ["TreeVerifyResult", "VerifyResult", "chain_verify", "traversal_verify", "tree_verify"]

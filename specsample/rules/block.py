@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import torch
 
-from specsample.rules.chain import Drafts, ReferenceRule, emit
+from specsample.rules.chain import ChainStep, Drafts, ReferenceRule, VerifyResult, emit
 from specsample.rules.residual import block_masses, sample_residual
 from specsample.rules.rows import PositionRows, Selection
-from specsample.shared import ChainStep, VerifyResult
 
 
 def block_weights(q_at: torch.Tensor, p_at: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

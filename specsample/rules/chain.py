@@ -10,7 +10,7 @@ emitted. The emitted stream then follows ``q`` exactly.
 
 from __future__ import annotations
 
-from abc import abstractmethod
+from abc import ABC, abstractmethod
 from typing import NamedTuple
 
 import torch
@@ -18,7 +18,100 @@ import torch
 from specsample.checks import check_chain_inputs, check_step_uniforms, require_tensor
 from specsample.rules.residual import sample_residual
 from specsample.rules.rows import PositionRows
-from specsample.shared import ChainStep, PaddedRule, VerifyResult
+from specsample.uniforms import in_step_order
+
+
+class VerifyResult(NamedTuple):
+    """What a verification step produced.
+
+    Attributes
+    ----------
+    token_ids : torch.Tensor
+        ``[batch, k + 1]`` int64: the accepted drafts, then one more token (the residual draw
+        at the first rejection, or the bonus token), then ``-1`` padding.
+    num_accepted : torch.Tensor
+        ``[batch]`` int64: drafts accepted in order; ``num_accepted + 1`` tokens are emitted.
+    """
+
+    token_ids: torch.Tensor
+    num_accepted: torch.Tensor
+
+
+class ChainStep(NamedTuple):
+    """The arguments of a padded chain rule (:class:`PaddedRule`) as one value."""
+
+    target_probs: torch.Tensor
+    draft_probs: torch.Tensor
+    draft_token_ids: torch.Tensor
+    bonus_token_ids: torch.Tensor
+    uniforms: torch.Tensor
+
+    def bonus_only(self) -> VerifyResult:
+        """The result of a step without drafts (``k = 0``): the bonus token alone."""
+        bonus = self.bonus_token_ids.reshape(self.target_probs.shape[0]).to(torch.int64)
+        return VerifyResult(bonus.unsqueeze(-1), torch.zeros_like(bonus))
+
+
+class PaddedRule(ABC):
+    """A rule verifying a chain of ``k`` drafts per sequence from ``[batch, k, vocab]`` rows.
+
+    Every such rule, whether the reference rules of :mod:`specsample.rules` or the kernels
+    of :mod:`specsample.kernels`, is called with the same arguments (:meth:`__call__`) and
+    implements :meth:`verify` on them as one :class:`ChainStep`.
+    """
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    def __call__(
+        self,
+        target_probs: torch.Tensor,
+        draft_probs: torch.Tensor,
+        draft_token_ids: torch.Tensor,
+        bonus_token_ids: torch.Tensor,
+        uniforms: torch.Tensor,
+    ) -> VerifyResult:
+        """Verify a chain of ``k`` drafts per sequence by the rule.
+
+        Parameters
+        ----------
+        target_probs : torch.Tensor
+            ``[batch, k, vocab]`` target probabilities ``q`` at each draft position.
+        draft_probs : torch.Tensor
+            ``[batch, k, vocab]`` the draft distributions ``p`` the drafts were sampled from.
+        draft_token_ids : torch.Tensor
+            ``[batch, k]`` drafts. Ids outside ``[0, vocab)`` (such as ``-1`` placeholders)
+            are always rejected.
+        bonus_token_ids : torch.Tensor
+            ``[batch]`` or ``[batch, 1]`` int64, emitted when all ``k`` drafts are accepted.
+        uniforms : torch.Tensor
+            ``[batch, k + 1]`` float64 in ``[0, 1)``: one per accept test, then one for the
+            residual draw.
+
+        Returns
+        -------
+        VerifyResult
+            ``token_ids [batch, k + 1]`` int64 and ``num_accepted [batch]`` int64.
+        """
+        return self.verify(
+            ChainStep(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms)
+        )
+
+    @abstractmethod
+    def verify(self, step: ChainStep) -> VerifyResult:
+        """The rule's result on the arguments ``step`` (see :meth:`__call__`)."""
+
+    def run(self, step: ChainStep) -> VerifyResult:
+        """The rule's result on a ``step`` whose arguments the caller has already checked
+        (as :func:`specsample.rules.chain.check_rule_inputs` does): :meth:`verify` without
+        repeating the checks, where a rule can skip them."""
+        return self.verify(step)
+
+    def run_drawn(self, step: ChainStep) -> VerifyResult:
+        """:meth:`run` on a ``step`` whose uniforms are in the order they were drawn (the
+        final draw first, :func:`specsample.uniforms.drawn_uniforms`). This puts them in step
+        order; a rule that reads them in place overrides it."""
+        return self.run(step._replace(uniforms=in_step_order(step.uniforms)))
 
 
 def emit(
@@ -158,7 +251,7 @@ class ChainRule(ReferenceRule):
     """Verify a chain of ``k`` drafts per sequence by rejection sampling.
 
     :data:`chain_verify` is the rule; it is called as :meth:`PaddedRule.__call__
-    <specsample.shared.PaddedRule.__call__>` documents, with ``target_probs`` and
+    <specsample.rules.chain.PaddedRule.__call__>` documents, with ``target_probs`` and
     ``draft_probs`` in float32, float16 or bfloat16 (arithmetic in float32 or float64) and
     ``draft_token_ids`` int64.
 

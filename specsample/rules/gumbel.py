@@ -24,7 +24,7 @@ import torch
 
 from specsample.noise import gumbel_noise
 from specsample.probs import RowStats, scaled_logits
-from specsample.shared import VerifyResult
+from specsample.rules.chain import VerifyResult
 
 _CPU_CHUNK_ELEMENTS = 1 << 20
 _DEVICE_CHUNK_ELEMENTS = 1 << 26

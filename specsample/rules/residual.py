@@ -35,7 +35,9 @@ import torch
 
 from specsample.random import inverse_cdf
 from specsample.rules.rows import LogitRows, ProbRows, Selection
-from specsample.shared import BLOCK
+
+BLOCK = 1024
+"""Tokens per vocabulary block of the two-level inverse CDF (rules and kernels alike)."""
 
 _SUB = 32
 _CPU_CHUNK_ELEMENTS = 1 << 18

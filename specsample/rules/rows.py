@@ -15,7 +15,49 @@ from typing import Protocol
 import torch
 
 from specsample.probs import RowStats
-from specsample.shared import flat_rows, unit_columns
+
+
+def flat_rows(probs: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """View ``[batch, k, vocab]`` as ``[rows, vocab]`` without copying where strides allow.
+
+    Returns the 2-D view and the row stride of the batch dimension, so that the row of
+    ``(b, j)`` is ``b * stride + j``. A tensor whose layout admits no such view (its last
+    dimension not contiguous, say) is copied once.
+
+    Examples
+    --------
+    >>> import torch
+    >>> x = torch.arange(24.0).view(2, 4, 3)[:, :3]
+    >>> flat, stride = flat_rows(x)
+    >>> stride, bool(torch.equal(flat[1 * stride + 2], x[1, 2]))
+    (4, True)
+    """
+    batch, k, vocab = probs.shape
+    s0, s1, s2 = probs.stride()
+    if s2 != 1 or s1 < vocab or s1 == 0 or s0 % s1 != 0:
+        probs = probs.contiguous()
+        s0, s1 = probs.stride()[0], probs.stride()[1]
+    stride = s0 // s1 if batch > 1 else k
+    rows = (batch - 1) * stride + k if batch > 0 else 0
+    return probs.as_strided((rows, vocab), (s1, 1)), stride
+
+
+def unit_columns(rows: torch.Tensor) -> torch.Tensor:
+    """``rows [..., vocab]`` with unit column stride, copied only when it has another one.
+
+    The row readers index columns by offset, so every entry point hands them rows whose
+    last dimension is contiguous; any row stride is kept.
+
+    Examples
+    --------
+    >>> import torch
+    >>> x = torch.arange(6.0).view(2, 3).t()
+    >>> x.stride(), unit_columns(x).stride()
+    ((1, 3), (2, 1))
+    """
+    if rows.dim() == 0 or rows.stride(-1) == 1 or rows.shape[-1] <= 1:
+        return rows
+    return rows.contiguous()
 
 
 def _windows(
@@ -83,7 +125,7 @@ class ProbRows:
 class PositionRows:
     """The rows of a ``[batch, k, vocab]`` probability tensor, selected by (sequence, position).
 
-    The tensor is viewed as ``[rows, vocab]`` once (:func:`specsample.shared.flat_rows`, no
+    The tensor is viewed as ``[rows, vocab]`` once (:func:`flat_rows`, no
     copy where its strides allow); :meth:`at` selects the row of each ``(b, j)``.
 
     Examples

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from specsample import VerifyOutput, verify
-from specsample.shared import BLOCK
+from specsample.rules.residual import BLOCK
 
 PLACEHOLDER = -1
 NEAR_ONE = 1.0 - 2.0**-53

@@ -53,14 +53,14 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     """Build the engine, then run each job as one ``generate`` call."""
     from vllm import LLM, SamplingParams
 
-    from specsample.native import jit
+    from specsample.kernels.cpu import compiler
 
     started = time.perf_counter()
     keywords = {**ENGINE, **spec["engine"]}
     llm = LLM(model=spec["model"], speculative_config=spec["speculative_config"], **keywords)
     result: dict[str, Any] = {
         "sampler": _sampler_name(llm),
-        "kernels_warm": jit.warmed(),
+        "kernels_warm": compiler.warmed(),
         "start_s": time.perf_counter() - started,
         "jobs": {},
     }

@@ -40,7 +40,7 @@ from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 from specsample import verify
 from specsample.backends import resolve
 from specsample.integrations.vllm.settings import EXACT_METHODS, LOGGER, Settings
-from specsample.native import jit
+from specsample.kernels.cpu import compiler
 
 if TYPE_CHECKING:
     from vllm.config.speculative import SpeculativeConfig
@@ -104,7 +104,7 @@ def prepare_backend(backend: str, device: torch.device | str | None) -> str:
     'torch'
     """
     concrete = resolve(backend, torch.empty(0, device=device or "cpu"))
-    if concrete == "cpu" and not jit.warm_up():
+    if concrete == "cpu" and not compiler.warm_up():
         return "torch"
     return concrete
 

@@ -96,7 +96,7 @@ numbers), :mod:`~specsample.rules.tree.verify` (the top-down rules),
 """
 
 from specsample.methods import Drafting, TreeMethod
-from specsample.rules.tree.structure import tree_bounds
+from specsample.rules.tree.structure import TreeVerifyResult, tree_bounds
 from specsample.rules.tree.traversal import (
     check_traversal,
     traversal_expected_tokens,
@@ -104,7 +104,6 @@ from specsample.rules.tree.traversal import (
 )
 from specsample.rules.tree.uniforms import TREE_STRIDE, traversal_uniforms, tree_uniforms
 from specsample.rules.tree.verify import tree_verify, tree_verify_greedy
-from specsample.shared import TreeVerifyResult
 
 __all__ = [
     "TREE_STRIDE",

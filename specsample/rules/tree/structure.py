@@ -9,11 +9,31 @@ reads it) and :func:`strict_checks` (which is asked to).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from specsample.checks import check_bound, require_data, require_tensor
-from specsample.shared import TreeVerifyResult
+
+
+class TreeVerifyResult(NamedTuple):
+    """What a tree verification step produced.
+
+    Attributes
+    ----------
+    path : torch.Tensor
+        ``[batch, max_depth + 1]`` int64: the accepted path as node indices, starting with
+        the root ``0``, then ``-1`` padding.
+    token_ids : torch.Tensor
+        ``[batch, max_depth + 1]`` int64: the tokens of the accepted nodes (the root
+        excluded), then one more token, then ``-1`` padding.
+    num_emitted : torch.Tensor
+        ``[batch]`` int64: tokens emitted, the number of accepted nodes plus one.
+    """
+
+    path: torch.Tensor
+    token_ids: torch.Tensor
+    num_emitted: torch.Tensor
 
 
 def _is_child(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -77,6 +77,7 @@ from specsample.checks import check_flag
 from specsample.methods import Drafting, check_traversal_drafting
 from specsample.random import Seeding, inverse_cdf
 from specsample.rules.tree.structure import (
+    TreeVerifyResult,
     check_draft_probs,
     check_tree,
     resolve_bounds,
@@ -89,7 +90,6 @@ from specsample.rules.tree.uniforms import (
     step_source,
     traversal_uniforms,
 )
-from specsample.shared import TreeVerifyResult
 
 
 def _step_uniforms(

@@ -12,6 +12,7 @@ from specsample.checks import check_flag
 from specsample.methods import Drafting, TreeMethod, tree_method
 from specsample.random import Seeding, inverse_cdf
 from specsample.rules.tree.structure import (
+    TreeVerifyResult,
     Walk,
     check_draft_probs,
     check_tree,
@@ -21,7 +22,6 @@ from specsample.rules.tree.structure import (
     strict_checks,
 )
 from specsample.rules.tree.uniforms import given_uniforms, step_source, tree_uniforms
-from specsample.shared import TreeVerifyResult
 
 
 def normalized(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Triton programs of the residual ``max(w q - p, 0)``: its block masses, and the draw.
 
-* :func:`_store_masses`, the masses phase of :func:`specsample.kernels._jit._step_kernel`
+* :func:`_store_masses`, the masses phase of
+:func:`specsample.kernels.triton.step_kernel._step_kernel`
   (grid ``(request tiles, positions, vocabulary splits)``): for the row a request's draw reads
   (chain rule) or for every draft position (block rule), the per-block target mass ``sum q``
   and residual mass ``sum max(w q - p, 0)`` over blocks of :data:`BLOCK` columns, written to a
@@ -22,10 +23,10 @@ the block masses are the rule's bit for bit (up to the order of the float64 sums
   for the masses (the rule's ``torch.addcmul``), float64 sums and prefix sums.
 
 The selected rows are passed as ``(target row, draft row, read, w, keep, excluded)``, each
-``[R]`` (see :func:`specsample.kernels._common._draw_row`).
+``[R]`` (see :func:`specsample.kernels.triton._common._draw_row`).
 
 Without :mod:`triton` installed this module defines nothing. Imports within the package are
-relative, so that each copy of the kernels loaded by :mod:`specsample.kernels.launch` (one
+relative, so that each copy of the kernels loaded by :mod:`specsample.kernels.triton.launch` (one
 compiled, one interpreted) uses helpers decorated in its own mode.
 """
 
@@ -166,7 +167,7 @@ if triton is not None:
         position (block), for program ``(tile, position, split)``.
 
         ``uniforms`` is ``(pointer, row stride)``, ``requests`` what
-        :func:`specsample.kernels._common._requests` returns, ``sizes`` is ``(vocab, k,
+        :func:`specsample.kernels.triton._common._requests` returns, ``sizes`` is ``(vocab, k,
         n_blocks, n_positions, iters_per_split)``.
         """
         uni, u_stride = uniforms

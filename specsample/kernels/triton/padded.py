@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from specsample.kernels.launch import (
+from specsample.kernels.triton.launch import (
     KERNEL_METHODS,
     _check_device,
     _launch,
@@ -22,20 +22,16 @@ from specsample.kernels.launch import (
     _Step,
 )
 from specsample.methods import check_method
-from specsample.shared import (
-    BLOCK,
-    ChainStep,
-    PaddedRule,
-    VerifyResult,
-    flat_rows,
-    unit_columns,
-)
+from specsample.rules.chain import ChainStep, PaddedRule, VerifyResult
+from specsample.rules.residual import BLOCK
+from specsample.rules.rows import flat_rows, unit_columns
 
 
 def _padded_step(step: ChainStep, rule: int) -> _Step | None:
     """Check the arguments of the padded probability rules and lay them out as a step.
 
-    ``rule`` is the kernel's (:func:`specsample.kernels.launch._rule_id`); None when ``k = 0``
+    ``rule`` is the kernel's (:func:`specsample.kernels.triton.launch._rule_id`); None when ``k =
+    0``
     (no draft to verify).
     """
     target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms = step
@@ -85,7 +81,7 @@ class KernelRule(PaddedRule):
     when every draft is accepted) or, for the block rule, at every position, in a first
     launch; a second one verifies and draws.
 
-    The rule is called as :meth:`PaddedRule.__call__ <specsample.shared.PaddedRule.__call__>`
+    The rule is called as :meth:`PaddedRule.__call__ <specsample.rules.chain.PaddedRule.__call__>`
     documents, with ``target_probs`` and ``draft_probs`` in float32, float16, bfloat16 or
     float64 (unit column stride preferred; other layouts are copied) and
     ``draft_token_ids`` int64 or int32.
@@ -107,7 +103,7 @@ class KernelRule(PaddedRule):
     Examples
     --------
     >>> import torch
-    >>> from specsample import kernels
+    >>> from specsample.kernels import triton as kernels
     >>> from specsample.rules import block, chain
     >>> q = torch.tensor([[[1 / 3, 2 / 3], [1 / 3, 2 / 3]]])
     >>> p = torch.tensor([[[2 / 3, 1 / 3], [2 / 3, 1 / 3]]])
@@ -187,7 +183,7 @@ def kernel_block_masses(
     Examples
     --------
     >>> import torch
-    >>> from specsample import kernels
+    >>> from specsample.kernels import triton as kernels
     >>> from specsample.rules.residual import block_masses
     >>> from specsample.rules.rows import ProbRows
     >>> q, p = torch.tensor([[[0.5, 0.5]]]), torch.tensor([[[0.75, 0.25]]])

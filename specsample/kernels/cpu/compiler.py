@@ -44,8 +44,20 @@ import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 _NUMBA = importlib.util.find_spec("numba") is not None
-_KERNELS = ("hashing", "chain", "logits", "dots", "rowexact", "gumbel")
-"""The modules of :mod:`specsample.native` whose ``warm()`` compiles their kernels."""
+_KERNELS = tuple(
+    f"specsample.{name}"
+    for name in (
+        "kernels.cpu.hashing",
+        "kernels.cpu.chain",
+        "kernels.cpu.logits",
+        "adapter.int_products",
+        "kernels.cpu.rowexact",
+        "kernels.cpu.gumbel",
+    )
+)
+"""The modules whose ``warm()`` compiles their numba kernels: the CPU kernels of
+:mod:`specsample.kernels.cpu`, and the integer products of the quantized weight formats
+(:mod:`specsample.adapter.int_products`), named as strings so that nothing here imports them."""
 _warmed = threading.Lock()
 _state = {"done": False, "compiled": False}
 _pool = threading.Lock()
@@ -80,9 +92,9 @@ def cache_dir() -> Path:
 
 
 def kernel_sources() -> list[Path]:
-    """Every source file the kernels are compiled from: the modules of this package and the
-    project's modules they import (a kernel bakes in the constants and inlines the functions
-    it reads from them).
+    """Every source file the kernels are compiled from: the modules of this package and of
+    :data:`_KERNELS`, and the project's modules they import (a kernel bakes in the constants
+    and inlines the functions it reads from them).
 
     Examples
     --------
@@ -90,8 +102,10 @@ def kernel_sources() -> list[Path]:
     True
     """
     here = Path(__file__).parent
-    root = here.parent.parent
-    sources = set(here.glob("*.py"))
+    root = here.parents[2]
+    sources = set(here.glob("*.py")) | {
+        root.joinpath(*m.split(".")).with_suffix(".py") for m in _KERNELS
+    }
     for path in list(sources):
         for name in re.findall(r"^from (specsample(?:\.\w+)+) import", path.read_text(), re.M):
             module = root.joinpath(*name.split("."))
@@ -229,13 +243,15 @@ def _announce(stream: TextIO, text: str, *, end: str = "\n") -> None:
 
 
 def warm_modules(names: Sequence[str]) -> None:
-    """Run the ``warm()`` of each named module of this package: compile (or load) and
+    """Run the ``warm()`` of each named module (:data:`_KERNELS`): compile (or load) and
     freeze its kernels."""
     for name in names:
-        importlib.import_module(f"specsample.native.{name}").warm()
+        importlib.import_module(name).warm()
 
 
-_CHILD = "import sys; from specsample.native import jit; jit.warm_modules(sys.argv[1:])"
+_CHILD = (
+    "import sys; from specsample.kernels.cpu import compiler; compiler.warm_modules(sys.argv[1:])"
+)
 """What the process :func:`_compile_apart` starts runs."""
 
 
@@ -247,7 +263,7 @@ def _compile_apart(stream: TextIO, notice: str, terminal: bool) -> None:
     LLVM's objects, hundreds of megabytes) never slows it, so its timings are those of any
     later process. Where the child fails, loading compiles what is missing instead."""
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])  # the folder holding the package
+    root = str(Path(__file__).resolve().parents[3])  # the folder holding the package
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     started = time.perf_counter()
     child = subprocess.Popen(

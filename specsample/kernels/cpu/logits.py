@@ -8,17 +8,17 @@ sequence it walks its drafts until the first rejection, reading ``q(x)`` (and ``
 each draft alone (a row's largest logit and normaliser computed when the walk reaches it, so
 a temperature-1 step reads only the rows it needs), then builds the target and draft rows at
 that position once, in float32, and draws from their residual with
-:func:`specsample.native.chain.draw_residual` (the hierarchy of
+:func:`specsample.kernels.cpu.chain.draw_residual` (the hierarchy of
 :mod:`specsample.rules.residual`). Threads take sequences as they free up, then compute the
 rows of sequences still being walked ahead of the threads walking them, so one long walk is
-shared by two cores (:mod:`specsample.native.atomics` keeps each row computed once); nothing
+shared by two cores (:mod:`specsample.kernels.cpu.atomics` keeps each row computed once); nothing
 of size ``[batch, vocab]`` is allocated besides two rows per sequence being drawn.
 
 Probabilities are ``exp(z - log_norm)`` with ``z`` as :func:`specsample.probs.scaled_logits`
-computes it, in float32, with the exponential :func:`specsample.native.floats.exp32`, which
+computes it, in float32, with the exponential :func:`specsample.kernels.cpu.floats.exp32`, which
 rounds differently from PyTorch's in about one value in ten, by one unit in the last place.
 Rows with top-k, top-p or min-p filters get PyTorch's own thresholds, found by selection
-(:mod:`specsample.native.filters`). So both backends draw the same tokens unless a uniform
+(:mod:`specsample.kernels.cpu.filters`). So both backends draw the same tokens unless a uniform
 falls within a relative ``1e-7`` of an accept threshold or a cell boundary, as with the
 Triton backend's exponential.
 """
@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from specsample.native import atomics
-from specsample.native.chain import draw_residual
-from specsample.native.filters import filter_stats
-from specsample.native.floats import BLOCK, block_largest, exp32, prob, scaled
-from specsample.native.jit import njit, prange, serial
+from specsample.kernels.cpu import atomics
+from specsample.kernels.cpu.chain import draw_residual
+from specsample.kernels.cpu.compiler import njit, prange, serial
+from specsample.kernels.cpu.filters import filter_stats
+from specsample.kernels.cpu.floats import BLOCK, block_largest, exp32, prob, scaled
 
 
 @njit(fastmath={"reassoc"})
@@ -161,7 +161,7 @@ def row_stats(
     Filters: ``top_k`` ``[rows]`` int64 (0 off) and ``limits`` ``[2, rows]`` float32, the
     rows' ``top_p`` (1 off) and ``log(min_p)`` (``-inf`` off), or both empty when no row has
     a filter. A filtered row's cutoff and log-norm come from
-    :func:`specsample.native.filters.filter_stats`; where its top-p threshold is too close to
+    :func:`specsample.kernels.cpu.filters.filter_stats`; where its top-p threshold is too close to
     call, the kernel sets ``undecided`` ``[rows]`` (bool, False from the caller) at the row.
     """
     for r in prange(logits.shape[0]):
@@ -386,6 +386,14 @@ def _verify_one(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layou
             _draft_row(draft, draft_stats, d_row, x, n < drafts, p_row)
             final = draw_residual(q_row, p_row, u)
     atomics.publish(walked, b, 1)
+    emit(token_ids, num_accepted, ids, b, first, n, final)
+
+
+@njit
+def emit(token_ids: np.ndarray, num_accepted: np.ndarray, ids: np.ndarray, b: int, first: int,
+         n: int, final: int) -> None:  # fmt: skip
+    """Write request ``b``'s output: its ``n`` accepted drafts (``ids`` from ``first``), then
+    ``final``, in row ``b`` of ``token_ids`` (filled with -1 by the caller), and ``n``."""
     for j in range(n):
         token_ids[b, j] = ids[first + j]
     token_ids[b, n] = final
@@ -423,7 +431,8 @@ def chain_logits(
       greedy): the accept tests, then the final draw, or with ``drawn`` the final draw first
       (:func:`specsample.uniforms.drawn_uniforms`);
     - ``token_ids``: ``[batch, max_drafts + 1]`` int64, filled with -1 by the caller;
-    - ``threads``: how many threads share the work (:func:`specsample.native.jit.threads`).
+    - ``threads``: how many threads share the work
+    (:func:`specsample.kernels.cpu.compiler.threads`).
 
     Each thread takes the next sequence not yet taken until none is left (so a thread whose
     sequences were short takes more of them), then computes the row statistics of sequences

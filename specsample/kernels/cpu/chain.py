@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from specsample.native.jit import njit, prange, serial
-from specsample.native.memory import load, row, store
-from specsample.shared import BLOCK
+from specsample.kernels.cpu.compiler import njit, prange, serial
+from specsample.kernels.cpu.memory import load, row, store
+from specsample.rules.residual import BLOCK
 
 SUB = 32
 """Tokens per part of a block (the middle level of the hierarchy)."""
@@ -162,7 +162,7 @@ def chain_rule(
     marker: float,
 ) -> None:
     """Verify ``[batch, k]`` drafts, sequences in parallel; the tensors are given by their
-    memory (:mod:`specsample.native.memory`: an address and strides in elements).
+    memory (:mod:`specsample.kernels.cpu.memory`: an address and strides in elements).
 
     ``shape`` is ``(batch, k, vocab)``. ``target`` and ``draft`` are ``[batch, k, vocab]``
     probabilities of ``marker``'s type (float32 or float64) whose rows are contiguous,

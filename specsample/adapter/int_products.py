@@ -43,8 +43,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from specsample.native.jit import njit, prange, serial
-from specsample.native.memory import load, store
+from specsample.kernels.cpu.compiler import njit, prange, serial
+from specsample.kernels.cpu.memory import load, store
 
 CHANNELS = 16
 """Output channels per block of the layout (one 512-bit vector of int32 sums)."""
@@ -94,7 +94,7 @@ def _pointer_to(
     the element ``at`` (of type ``element``, a byte or a float32) past ``address``.
 
     The address is summed as an integer, ``address + at * size``, not by a
-    ``getelementptr`` as :mod:`specsample.native.memory` does: with a ``getelementptr``,
+    ``getelementptr`` as :mod:`specsample.kernels.cpu.memory` does: with a ``getelementptr``,
     LLVM unrolls the int8 product's loop twice, and a row takes a few percent longer."""
     size = ir.Constant(at.type, _SIZES[element])
     return builder.inttoptr(builder.add(address, builder.mul(at, size)), kind.as_pointer())
@@ -220,7 +220,7 @@ def group_intrinsic(vnni: bool) -> Any:
         weights from element ``w_at`` of ``weights`` (uint8, 256 or 512 a group), the 32
         codes from element ``x_at`` of ``codes`` (int8), the 16 scales and offsets from
         element ``s_at`` of ``scales`` and ``offsets`` (float32), addresses and offsets in
-        elements as :mod:`specsample.native.memory` says."""
+        elements as :mod:`specsample.kernels.cpu.memory` says."""
         four_bit = not isinstance(offsets, types.NoneType)
         signature = types.void(
             address, at, address, at, address, offsets, at, address, at, types.float32,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specsample.native.jit import njit
+from specsample.kernels.cpu.compiler import njit
 
 _MASK = np.uint64(0xFFFFFFFF)
 _GOLDEN = np.uint64(0x9E3779B9)

@@ -2,18 +2,18 @@
 
 :func:`verify_logits` takes the ragged target logits with their row statistics, the drafts
 and, optionally, dense draft probabilities or logits, and runs both rules for greedy and
-sampled requests in two kernel launches (see :mod:`specsample.kernels.launch`).
+sampled requests in two kernel launches (see :mod:`specsample.kernels.triton.launch`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from specsample.kernels.launch import KERNEL_METHODS, _check_device, _launch, _rule_id, _Step
+from specsample.kernels.triton.launch import KERNEL_METHODS, _check_device, _launch, _rule_id, _Step
 from specsample.methods import METHODS, check_method
 from specsample.plan import LogitsStep
 from specsample.probs import RowStats, row_stats
-from specsample.shared import unit_columns
+from specsample.rules.rows import unit_columns
 
 
 def _dense_draft(
@@ -60,7 +60,7 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     Examples
     --------
     >>> import torch
-    >>> from specsample import kernels
+    >>> from specsample.kernels import triton as kernels
     >>> from specsample.backends import eager
     >>> from specsample.metadata import BatchLayout
     >>> from specsample.plan import Plan

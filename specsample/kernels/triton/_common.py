@@ -1,7 +1,8 @@
 """Triton helpers shared by both kernels: constants, the inverse CDF, the accept side.
 
 Everything here is ``@triton.jit`` and inlined into the kernels of
-:mod:`specsample.kernels._residual` and :mod:`specsample.kernels._jit`: reading a request's
+:mod:`specsample.kernels.triton._residual` and :mod:`specsample.kernels.triton.step_kernel`:
+reading a request's
 layout and drafts, ``q`` and ``p`` at each draft, the chain accept test, block
 verification's weights, and the inverse-CDF choice of a cell (the rule of
 :func:`specsample.random.inverse_cdf`).
@@ -23,7 +24,7 @@ except ImportError:
 if triton is not None:
     from triton.language.extra import libdevice
 
-    from specsample.shared import BLOCK as _BLOCK
+    from specsample.rules.residual import BLOCK as _BLOCK
 
     BLOCK: tl.constexpr = tl.constexpr(_BLOCK)
     PART: tl.constexpr = tl.constexpr(32)

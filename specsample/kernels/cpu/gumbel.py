@@ -6,13 +6,13 @@ does: each request walks its target rows in order, computes each row's token (th
 greedy request; of a sampled one, the keyed Gumbel-max token of
 :func:`specsample.rules.gumbel.gumbel_argmax` over the tokens its processing keeps), and stops
 at the first draft that differs from it: the rows after it are never read. A sampled row that
-:func:`specsample.native.logits.row_stats` left to the reader (its shift NaN) gets its largest
+:func:`specsample.kernels.cpu.logits.row_stats` left to the reader (its shift NaN) gets its largest
 logit here, in the same pass that finds the largest logit of each block of
-:data:`~specsample.native.floats.BLOCK` tokens.
+:data:`~specsample.kernels.cpu.floats.BLOCK` tokens.
 
 The noise of :mod:`specsample.noise` lies below :data:`~specsample.noise.GUMBEL_MAX`, and
 below a bound computed from a token's bits without a logarithm (:func:`noise_bound`). The scan
-skips every block of :data:`~specsample.native.floats.BLOCK` tokens whose largest ``z`` plus
+skips every block of :data:`~specsample.kernels.cpu.floats.BLOCK` tokens whose largest ``z`` plus
 ``GUMBEL_MAX`` is at most the best score found so far, then every block whose tokens' float32
 bounds ``z + noise_bound`` (one vectorised pass: ``z``, the bits and the bound of each token)
 all are; only the few tokens whose bound beats the best compute the two logarithms of their
@@ -35,10 +35,10 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from specsample.native import atomics
-from specsample.native.floats import BLOCK, block_largest, scaled
-from specsample.native.jit import njit, prange, serial
-from specsample.native.logits import _largest
+from specsample.kernels.cpu import atomics
+from specsample.kernels.cpu.compiler import njit, prange, serial
+from specsample.kernels.cpu.floats import BLOCK, block_largest, scaled
+from specsample.kernels.cpu.logits import _largest, emit
 from specsample.noise import GUMBEL_MAX
 
 _MUL_1 = np.uint32(0x7FEB352D)
@@ -209,10 +209,7 @@ def _walk(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layout: np.
             final = token
             break
         n += 1
-    for j in range(n):
-        token_ids[b, j] = ids[first + j]
-    token_ids[b, n] = final
-    num_accepted[b] = n
+    emit(token_ids, num_accepted, ids, b, first, n, final)
 
 
 @njit(parallel=True)
@@ -231,7 +228,7 @@ def gumbel_logits(
 
     - ``target``: ``[rows, vocab]`` float32 logits;
     - ``stats``: ``[4, rows]`` float32 shift, inverse temperature, cutoff and log-norm of each
-      target row (:func:`specsample.native.logits.row_stats`; the shift NaN where left to the
+      target row (:func:`specsample.kernels.cpu.logits.row_stats`; the shift NaN where left to the
       reader; the log-norm is not read);
     - ``argmax``: ``[rows]`` int64 (read where the shift is known);
     - ``layout``: ``[5, batch]`` int64 drafts, first draft row, first target row, greedy, and
@@ -241,7 +238,8 @@ def gumbel_logits(
       empty when every request is greedy);
     - ``token_ids``: ``[batch, max_drafts + 1]`` int64, filled with -1 by the caller;
     - ``num_accepted``: ``[batch]`` int64;
-    - ``threads``: how many threads share the requests (:func:`specsample.native.jit.threads`).
+    - ``threads``: how many threads share the requests
+    (:func:`specsample.kernels.cpu.compiler.threads`).
 
     Each thread takes the next request not yet taken until none is left. A request accepts
     its drafts while they equal its rows' tokens (at rows with a distribution); the first

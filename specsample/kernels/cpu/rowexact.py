@@ -8,7 +8,7 @@ slots its additive mask allows, skipping the others, in one fixed order of opera
   ``l, l + 16, ...`` in order; a tail of fewer than 16 dimensions goes to the first lanes),
   then the lanes added pairwise in a fixed tree (lanes ``l`` and ``l + 8``, then ``l + 4``,
   ...);
-- ``m`` the largest score, ``e_j = exp(s_j - m)`` by :func:`specsample.native.floats.exp32`;
+- ``m`` the largest score, ``e_j = exp(s_j - m)`` by :func:`specsample.kernels.cpu.floats.exp32`;
 - the sum of the ``e_j`` and the sum of the ``e_j v_j`` (each dimension apart), both in slot
   order, then their quotient.
 
@@ -30,9 +30,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from specsample.native.floats import exp32
-from specsample.native.jit import njit, prange, serial
-from specsample.native.memory import load, row, store
+from specsample.kernels.cpu.compiler import njit, prange, serial
+from specsample.kernels.cpu.floats import exp32
+from specsample.kernels.cpu.memory import load, row, store
 
 LANES = 16
 """Partial sums of a dot product over the head dimension (one 512-bit vector of float32)."""

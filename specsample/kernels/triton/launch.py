@@ -2,8 +2,8 @@
 
 Nothing here reads a device tensor: shapes, dtypes and host-side counts decide every launch
 parameter, so a step runs without synchronising with the device. The kernel itself lives in
-:mod:`specsample.kernels._jit` (with :mod:`specsample.kernels._residual` and
-:mod:`specsample.kernels._common`), loaded on first use, compiled for the GPU or, when
+:mod:`specsample.kernels.triton.step_kernel` (with :mod:`specsample.kernels.triton._residual` and
+:mod:`specsample.kernels.triton._common`), loaded on first use, compiled for the GPU or, when
 ``TRITON_INTERPRET=1`` is set, run by Triton's interpreter on CPU tensors (slow; for tests).
 """
 
@@ -24,7 +24,7 @@ from specsample.extras import install_command
 from specsample.metadata import BatchLayout
 from specsample.methods import chain_methods
 from specsample.probs import RowStats
-from specsample.shared import BLOCK
+from specsample.rules.residual import BLOCK
 
 _TRUE = ("1", "true", "on", "yes")
 _PROGRAMS_PER_SM = 4
@@ -74,7 +74,7 @@ def supports(tensor: torch.Tensor) -> bool:
     return interpreting() or tensor.device.type == "cuda"
 
 
-# The ``PHASE`` values of the kernel (see :mod:`specsample.kernels._jit`).
+# The ``PHASE`` values of the kernel (see :mod:`specsample.kernels.triton.step_kernel`).
 _MASSES = 0
 _VERIFY = 1
 
@@ -90,7 +90,7 @@ def mode_kernel(module: str, name: str) -> Any:
 
     Triton decides at decoration time whether a function is compiled or interpreted, so each
     mode gets its own copy of the kernel modules: they are imported as submodules of a
-    package made for the mode, ``specsample.kernels._compiled`` or ``._interpreted``, whose
+    package made for the mode, ``specsample.kernels.triton._compiled`` or ``._interpreted``, whose
     path is this folder, and their relative imports stay within that copy.
     """
     interpret = interpreting()
@@ -110,14 +110,15 @@ def mode_kernel(module: str, name: str) -> Any:
 
 
 def _kernel() -> Any:
-    """The chain and block step kernel of :mod:`specsample.kernels._jit`, for the mode."""
-    return mode_kernel("_jit", "_step_kernel")
+    """The chain and block step kernel (:mod:`~specsample.kernels.triton.step_kernel`), for
+    the mode."""
+    return mode_kernel("step_kernel", "_step_kernel")
 
 
 KERNEL_METHODS = tuple(m for m in chain_methods() if m != "gumbel")
 """The methods the kernel runs, in the order of its ``RULE``: 0 the chain rule, 1 block
 verification (the exact chain methods of :mod:`specsample.methods` that read uniforms;
-``"gumbel"`` has a kernel of its own, :mod:`specsample.kernels.gumbel`)."""
+``"gumbel"`` has a kernel of its own, :mod:`specsample.kernels.triton.gumbel`)."""
 
 
 def _rule_id(method: str) -> int:
@@ -271,7 +272,7 @@ def _constants(step: _Step, config: _Config) -> dict[str, Any]:
     """The compile-time arguments of both phases, and the compiler options.
 
     ``WIDE``: float64 target probabilities with dense draft probabilities, whose block
-    masses the rule computes in float64 (see :mod:`specsample.kernels._residual`).
+    masses the rule computes in float64 (see :mod:`specsample.kernels.triton._residual`).
     """
     draft_mode = 0 if step.draft is None else (2 if step.draft_stats is not None else 1)
     probs = step.target_stats is None

@@ -13,7 +13,7 @@ One unit for every kernel: an address is the bare address of a tensor's first el
 memory is an offset from it counted in elements of the memory's type, never in bytes.
 Element ``i`` of a float32 tensor is ``(address, i)``, not ``address + 4 i``; a block of
 elements is addressed by its first one. The intrinsics that read or write several elements
-at once (:func:`specsample.native.dots.group_intrinsic`) take the same pairs.
+at once (:func:`specsample.adapter.int_products.group_intrinsic`) take the same pairs.
 
 The caller keeps the tensors alive for the call and passes a ``marker``, a scalar of the
 elements' type (``np.float32(0)``, ``np.int64(0)``, ``0.0`` for float64): it types the
@@ -26,7 +26,7 @@ import numpy as np
 from numba import carray, types
 from numba.extending import intrinsic
 
-from specsample.native.jit import njit
+from specsample.kernels.cpu.compiler import njit
 
 
 def _element(context, builder, pointer, address, offset):  # type: ignore[no-untyped-def]

@@ -1,22 +1,23 @@
-"""The verify kernel behind :mod:`specsample.kernels` (see :mod:`specsample.kernels.launch`).
+"""The chain and block step kernel of :mod:`specsample.kernels.triton` (see
+:mod:`specsample.kernels.triton.launch`).
 
 One kernel, :func:`_step_kernel`, launched once or twice per step; its ``PHASE`` selects the
 work:
 
 * ``PHASE=0``, grid ``(request tiles, positions, vocabulary splits)``: the per-block target
   and residual masses of the rows the draw may read, into a float64 scratch
-  (:func:`specsample.kernels._residual._store_masses`);
+  (:func:`specsample.kernels.triton._residual._store_masses`);
 * ``PHASE=1``, grid ``(request tiles,)``: the accept test, greedy matching, block
   verification's accepted length, then the residual draw
-  (:func:`specsample.kernels._residual._draw`) and the output row (:func:`_verify_requests`).
+  (:func:`specsample.kernels.triton._residual._draw`) and the output row (:func:`_verify_requests`).
 
 When the vocabulary fits in one block (``FUSED``) the second phase computes the masses itself
 and the first is not launched. Every program handles ``R`` requests (1 on a GPU; more under
 the interpreter, where each operation is vectorised over them). The arithmetic follows
 :mod:`specsample.rules` operation by operation: accept tests, weights, prefix sums and
 uniforms in float64, probabilities in float32, block masses as
-:mod:`specsample.kernels._residual` describes, the same inverse-CDF cell rule, the same
-fallbacks. Shared helpers live in :mod:`specsample.kernels._common`.
+:mod:`specsample.kernels.triton._residual` describes, the same inverse-CDF cell rule, the same
+fallbacks. Shared helpers live in :mod:`specsample.kernels.triton._common`.
 
 Without :mod:`triton` installed this module defines nothing (the package imports without it);
 it is loaded by the launcher, once per mode (compiled, or interpreted when
@@ -202,7 +203,7 @@ if triton is not None:
         """The verify phase: accept test, accepted length, residual draw and output row.
 
         ``uniforms`` is ``(pointer, row stride)``, ``outputs`` ``(token ids, accepted
-        counts)``, ``requests`` what :func:`specsample.kernels._common._requests` returns,
+        counts)``, ``requests`` what :func:`specsample.kernels.triton._common._requests` returns,
         ``sizes`` is ``(vocab, k, n_blocks, n_positions)``.
         """
         uni, u_stride = uniforms
@@ -313,7 +314,7 @@ if triton is not None:
         PHASE: tl.constexpr,
     ):
         """One phase of a step for ``R`` requests: ``PHASE`` 0 the block masses
-        (:func:`specsample.kernels._residual._store_masses`), 1 the verification
+        (:func:`specsample.kernels.triton._residual._store_masses`), 1 the verification
         (:func:`_verify_requests`)."""
         target = (tgt, t_rs, t_inv, t_cut, t_lse, t_shift)
         draft = (drf, d_rs, d_cut, d_lse, d_shift)

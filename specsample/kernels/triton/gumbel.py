@@ -22,7 +22,7 @@ its rows' argmax instead. Nothing on the host reads a device tensor.
 The module is imported twice: as the host side, which never imports triton, and, on the first
 launch in a mode, as that mode's kernel module, where the kernel is defined with the helpers
 of the mode. Triton decides at decoration time whether a function is compiled or interpreted,
-so, as for :mod:`specsample.kernels.launch`, the kernel module is a submodule of the package
+so, as for :mod:`specsample.kernels.triton.launch`, the kernel module is a submodule of the package
 made for the mode (``_compiled``, or ``_interpreted`` under ``TRITON_INTERPRET=1``).
 """
 
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from specsample.kernels.launch import (
+from specsample.kernels.triton.launch import (
     MODE_PACKAGES,
     _check_device,
     _next_power_of_two,
@@ -40,7 +40,7 @@ from specsample.kernels.launch import (
 )
 from specsample.noise import GUMBEL_MAX
 from specsample.plan import LogitsStep
-from specsample.shared import unit_columns
+from specsample.rules.rows import unit_columns
 
 COLUMNS = 1024
 """Vocabulary columns a program reads at a time (a smaller vocabulary: the power of two at or
@@ -82,7 +82,7 @@ def verify_gumbel(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
 
     Examples
     --------
-    >>> from specsample import kernels
+    >>> from specsample.kernels import triton as kernels
     >>> from specsample.backends import eager
     >>> from specsample.metadata import BatchLayout
     >>> from specsample.plan import Plan

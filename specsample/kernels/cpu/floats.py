@@ -14,7 +14,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from specsample.native.jit import njit
+from specsample.kernels.cpu.compiler import njit
 
 _LOG2E = np.float32(1.44269504)
 _LN2_HIGH = np.float32(0.693359375)

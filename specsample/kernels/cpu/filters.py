@@ -17,7 +17,7 @@ vocabulary:
 * **min-p**: ``log(min_p)``, taken as the caller computed it.
 
 The masses are float32 exponentials summed in float64, as :mod:`specsample.probs` sums them,
-but with :func:`~specsample.native.floats.exp32`, within one unit in the last place of the
+but with :func:`~specsample.kernels.cpu.floats.exp32`, within one unit in the last place of the
 exact exponential as PyTorch's is: the two sums differ by at most a relative ``2.4e-7``.
 Where the mass on either side of the threshold lies within a relative :data:`MARGIN` of
 ``top_p``, the two could decide differently: :func:`filter_stats` reports the row as
@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from specsample.native.floats import BLOCK, exp32, scaled
-from specsample.native.jit import njit
+from specsample.kernels.cpu.compiler import njit
+from specsample.kernels.cpu.floats import BLOCK, exp32, scaled
 
 MARGIN = 1e-6
 """Smallest distance, relative to the kept mass, between ``top_p`` and the masses on either

@@ -1,5 +1,5 @@
 """Atomic operations on one element of an int64 array, for threads of a parallel kernel
-that share work (:func:`specsample.native.logits.chain_logits`).
+that share work (:func:`specsample.kernels.cpu.logits.chain_logits`).
 
 numba offers no atomics of its own; these are LLVM's, sequentially consistent. A store or
 read made before :func:`publish` on one thread is seen by another after it reads the published
@@ -13,7 +13,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from specsample.native.jit import njit
+from specsample.kernels.cpu.compiler import njit
 
 _ORDER = "seq_cst"
 
