@@ -63,6 +63,23 @@ if triton is not None:
             """``exp(x)`` in float32 by the CUDA math library (libdevice ``expf``)."""
             return libdevice.exp(x)
 
+    if INTERPRETED:
+
+        @triton.jit
+        def _bound(x):
+            """A loop bound (an argument or a scalar computed in the kernel) as the
+            interpreter's ``range`` takes it: a Python int. The interpreter's scalars hold
+            one-element arrays, which Triton 3.6's turns into an int with ``int(array)``, an
+            error under NumPy 2.4 (later versions squeeze the array first)."""
+            return int(x.handle.data.reshape(-1)[0])
+
+    else:
+
+        @triton.jit
+        def _bound(x):
+            """A loop bound computed in the kernel: the scalar itself, compiled."""
+            return x
+
     @triton.jit
     def _take(values, j, pos):
         """Entry ``pos[r]`` of row ``r`` of ``values [R, K1]`` (``j`` the column index)."""

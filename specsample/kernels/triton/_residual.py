@@ -42,6 +42,7 @@ if triton is not None:
         PART,
         PARTS,
         _block_weights,
+        _bound,
         _chain_accepted,
         _draw_row,
         _logit_probs,
@@ -192,7 +193,7 @@ if triton is not None:
         last = tl.minimum(first + iters_per_split, tl.cdiv(n_blocks, BPI))
         last = tl.where(tl.max(active.to(tl.int32), axis=0) > 0, last, first)
         base = (req * n_positions + slot) * 2 * n_blocks
-        for it in range(first, last):
+        for it in range(_bound(first), _bound(last)):
             cols = it * (BPI * BLOCK) + tl.arange(0, BPI * COLS).to(tl.int64)
             mask = active[:, None] & (cols[None, :] < vocab)
             target_mass, residual_mass = _tile_masses(

@@ -140,7 +140,7 @@ if _KERNEL_COPY:
     import triton.language as tl
     from triton.language.extra import libdevice
 
-    from ._common import INTERPRETED
+    from ._common import INTERPRETED, _bound
 
     NOISE_MAX: tl.constexpr = tl.constexpr(GUMBEL_MAX)
 
@@ -185,7 +185,7 @@ if _KERNEL_COPY:
         cols = tl.arange(0, COLS).to(tl.int64)
         best = tl.full([], float("-inf"), tl.float64)
         best_at = tl.full([], 0, tl.int64)
-        for start in range(0, vocab, COLS):
+        for start in range(0, _bound(vocab), COLS):
             at = start + cols
             inside = at < vocab
             x = tl.load(row + at, mask=inside, other=0.0).to(tl.float32)
