@@ -75,6 +75,9 @@ class Method:
         For a tree method: whether it walks from the root, child after child
         (:func:`specsample.rules.tree.tree_verify`); traversal verification goes leaf to
         root and has its own entry point.
+    keyed : bool
+        Whether it reads keyed Gumbel noise (:mod:`specsample.noise`, row keys in its plan)
+        instead of uniforms.
     """
 
     name: str
@@ -83,6 +86,7 @@ class Method:
     needs_draft_probs: bool
     summary: str
     top_down: bool = False
+    keyed: bool = False
 
 
 METHODS: dict[str, Method] = {
@@ -96,6 +100,7 @@ METHODS: dict[str, Method] = {
             True,
             False,
             "keyed Gumbel-max: the target's own seeded sample, whatever the drafter",
+            keyed=True,
         ),
         Method("typical", "chain", False, False, "typical acceptance (Medusa), LOSSY"),
         Method(

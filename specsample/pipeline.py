@@ -23,6 +23,7 @@ import torch
 from specsample import backends
 from specsample.checks import check_step_uniforms
 from specsample.metadata import BatchLayout
+from specsample.methods import METHODS
 from specsample.noise import request_keys, row_keys
 from specsample.params import Requests
 from specsample.plan import LogitsStep, Plan, TreeStep
@@ -121,7 +122,7 @@ def run_logits(step: LogitsStep, *, backend: str) -> tuple[torch.Tensor, torch.T
         )
         tokens[:, 0] = bonus_token_ids.view(-1)
         return tokens, torch.zeros(layout.batch, dtype=torch.int64, device=tokens.device)
-    if step.method == "gumbel":
+    if METHODS[step.method].keyed:
         return backends.get(backend).gumbel(step)
     return backends.get(backend).verify_logits(step)
 
@@ -148,7 +149,7 @@ def run_probs(
     """
     batch, k, _ = target_probs.shape
     device = target_probs.device
-    if method == "gumbel":
+    if METHODS[method].keyed:
         if uniforms is not None:
             raise ValueError("uniforms: method='gumbel' reads keyed Gumbel noise, not uniforms")
         keys, counters = request_keys(seeding, positions, device)

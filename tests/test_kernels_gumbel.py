@@ -12,17 +12,13 @@ last one. Drafts are favoured in their rows, so that requests accept some and re
 The kernel runs under Triton's interpreter on CPU tensors, which must be switched on before
 triton is first imported (see ``tests/test_kernels.py``): in a plain ``pytest`` run this
 module's kernel tests run in a fresh process started by
-:func:`test_gumbel_kernel_under_the_interpreter`, with ``TRITON_INTERPRET=1`` from the start,
+``test_kernels.py::test_kernels_under_the_interpreter``, with ``TRITON_INTERPRET=1`` from the start,
 and in-process when ``pytest`` itself was started with it. Without triton they are skipped.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import os
-import subprocess
-import sys
 from typing import Any, NamedTuple
 
 import pytest
@@ -31,30 +27,7 @@ import torch
 from specsample import backends, verify
 from specsample.backends import triton as triton_backend
 from specsample.kernels.triton import gumbel
-
-HAVE_TRITON = importlib.util.find_spec("triton") is not None
-IN_PROCESS = HAVE_TRITON and os.environ.get("TRITON_INTERPRET", "") == "1"
-
-requires_interpreter = pytest.mark.skipif(
-    not IN_PROCESS,
-    reason=(
-        "triton is not installed (pip install -e '.[triton]')"
-        if not HAVE_TRITON
-        else "runs in a TRITON_INTERPRET=1 subprocess (test_gumbel_kernel_under_the_interpreter)"
-    ),
-)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
-@pytest.mark.skipif(IN_PROCESS, reason="already running under TRITON_INTERPRET=1")
-def test_gumbel_kernel_under_the_interpreter() -> None:
-    """Every test of this module in a fresh process with ``TRITON_INTERPRET=1``."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    command = [sys.executable, "-m", "pytest", __file__, "-p", "no:cacheprovider"]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    assert " passed" in done.stdout and " failed" not in done.stdout, done.stdout[-3000:]
+from tests.test_kernels import requires_interpreter
 
 
 def test_triton_backend_runs_the_gumbel_kernel() -> None:

@@ -44,7 +44,7 @@ from specsample.checks import (
     require_tensor,
 )
 from specsample.metadata import BatchLayout
-from specsample.methods import chain_methods, check_method
+from specsample.methods import METHODS, chain_methods, check_method
 from specsample.params import Ints, Requests
 from specsample.plan import LogitsStep, Plan
 from specsample.random import STEP_STRIDE
@@ -232,7 +232,7 @@ def verify(
             strict,
             need_norm=return_logprobs,
             backend=chosen,
-            keyed=method == "gumbel",
+            keyed=METHODS[method].keyed,
         )
         step = LogitsStep(
             target_logits, draft_token_ids, plan, method, bonus_token_ids=bonus, **drafts

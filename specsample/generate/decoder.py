@@ -340,7 +340,7 @@ class Decoder:
         method = self.method
         if self.drafter is None and _seeded(params.seeds):
             method = "gumbel"  # seeded target-only decoding: the tokens method="gumbel" emits
-        state = SamplingState.build(count, lm.device, params, keyed=method == "gumbel")
+        state = SamplingState.build(count, lm.device, params, keyed=METHODS[method].keyed)
         eos = inputs.eos_ids(eos_token_id)
         if callbacks is not None and not isinstance(callbacks, Callbacks):
             raise TypeError(f"callbacks must be a Callbacks, got {type(callbacks).__name__}")

@@ -41,6 +41,7 @@ from specsample import verify
 from specsample.backends import resolve
 from specsample.integrations.vllm.settings import EXACT_METHODS, LOGGER, Settings
 from specsample.kernels.cpu import compiler
+from specsample.methods import METHODS
 
 if TYPE_CHECKING:
     from vllm.config.speculative import SpeculativeConfig
@@ -240,6 +241,7 @@ class SpecsampleRejectionSampler(VllmRejectionSampler):  # type: ignore[misc]
             ),
         )
         raw = logits[metadata.target_logits_indices].to(torch.float32)
+        needs_rows = METHODS[self.method].needs_draft_probs
         target = self.apply_logits_processors(
             raw if self.is_processed_logprobs_mode else raw.clone(), sampling_metadata, metadata
         )
@@ -249,7 +251,7 @@ class SpecsampleRejectionSampler(VllmRejectionSampler):  # type: ignore[misc]
             metadata.num_draft_tokens,
             draft_probs=draft_probs,
             bonus_token_ids=bonus.sampled_token_ids.to(torch.int64),
-            method=self.method if draft_probs is not None or self.method == "gumbel" else "chain",
+            method=self.method if draft_probs is not None or not needs_rows else "chain",
             backend=self.backend,
             **request_options(sampling_metadata),
         )

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from specsample.backends import BACKENDS
+from specsample.methods import chain_methods
 
 LOGGER = "vllm.specsample"
 """The integration's logger: a child of vLLM's own, so its lines reach vLLM's log."""
@@ -36,7 +37,7 @@ ENABLE = "SPECSAMPLE_VLLM"
 METHOD = "SPECSAMPLE_VLLM_METHOD"
 BACKEND = "SPECSAMPLE_VLLM_BACKEND"
 
-EXACT_METHODS = ("chain", "block", "gumbel")
+EXACT_METHODS = chain_methods()
 """The specsample rules the integration runs: vLLM passes chains of drafts, not trees."""
 
 _ON = ("1", "true", "on", "yes")

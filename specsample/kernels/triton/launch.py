@@ -22,7 +22,7 @@ import torch
 
 from specsample.extras import install_command
 from specsample.metadata import BatchLayout
-from specsample.methods import chain_methods
+from specsample.methods import METHODS, chain_methods
 from specsample.probs import RowStats
 from specsample.rules.residual import BLOCK
 
@@ -115,7 +115,7 @@ def _kernel() -> Any:
     return mode_kernel("step_kernel", "_step_kernel")
 
 
-KERNEL_METHODS = tuple(m for m in chain_methods() if m != "gumbel")
+KERNEL_METHODS = tuple(m for m in chain_methods() if not METHODS[m].keyed)
 """The methods the kernel runs, in the order of its ``RULE``: 0 the chain rule, 1 block
 verification (the exact chain methods of :mod:`specsample.methods` that read uniforms;
 ``"gumbel"`` has a kernel of its own, :mod:`specsample.kernels.triton.gumbel`)."""
