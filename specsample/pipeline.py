@@ -32,7 +32,7 @@ from specsample.random import Seeding
 from specsample.rules.chain import ChainStep, VerifyResult
 from specsample.rules.gumbel import gumbel_probs
 from specsample.rules.tree.structure import TreeVerifyResult
-from specsample.uniforms import drawn_uniforms
+from specsample.uniforms import step_uniforms
 
 
 def target_stats(
@@ -101,8 +101,8 @@ def plan_logits(
         return Plan(layout, stats, sampling.greedy, None if sampling.all_greedy else uniforms)
     if sampling.all_greedy:
         return Plan(layout, stats, sampling.greedy, None)
-    drawn = drawn_uniforms(requests.seeding, layout.max_drafts, device, requests.positions)
-    return Plan(layout, stats, sampling.greedy, drawn, drawn=True)
+    uniforms = step_uniforms(requests.seeding, layout.max_drafts, device, requests.positions)
+    return Plan(layout, stats, sampling.greedy, uniforms)
 
 
 def run_logits(step: LogitsStep, *, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,11 +158,9 @@ def run_probs(
         return gumbel_probs(target_probs, draft_token_ids, bonus_token_ids, rows.view(batch, k))
     rule = backends.get(backend).prob_rule(method)
     if uniforms is None:
-        drawn = drawn_uniforms(seeding, k, device, positions)
-        return rule.run_drawn(
-            ChainStep(target_probs, draft_probs, draft_token_ids, bonus_token_ids, drawn)
-        )
-    uniforms = check_step_uniforms(uniforms, batch, k + 1, device)
+        uniforms = step_uniforms(seeding, k, device, positions)
+    else:
+        uniforms = check_step_uniforms(uniforms, batch, k + 1, device)
     return rule.run(
         ChainStep(target_probs, draft_probs, draft_token_ids, bonus_token_ids, uniforms)
     )

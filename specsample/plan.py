@@ -16,7 +16,6 @@ import torch
 from specsample.metadata import BatchLayout
 from specsample.params import DraftTree, Requests
 from specsample.probs import RowStats
-from specsample.uniforms import in_step_order
 
 
 class Plan(NamedTuple):
@@ -32,12 +31,8 @@ class Plan(NamedTuple):
     greedy : torch.Tensor
         ``[batch]`` bool greedy requests.
     uniforms : torch.Tensor or None
-        ``[batch, max_drafts + 1]`` float64 uniforms; ``None`` when every request is greedy.
-    drawn : bool
-        Whether ``uniforms`` are in the order they were drawn (the final draw first,
-        :func:`specsample.uniforms.drawn_uniforms`) rather than the order a step reads them
-        (the accept tests, then the final draw; :meth:`step_uniforms`): a backend that reads
-        them where they lie saves reordering them.
+        ``[batch, max_drafts + 1]`` float64 uniforms, the accept tests then the final draw
+        (:func:`specsample.uniforms.step_uniforms`); ``None`` when every request is greedy.
     keys : torch.Tensor or None
         ``[rows]`` int64 row keys of the keyed Gumbel noise (:mod:`specsample.noise`), one
         per target row, for ``method="gumbel"`` (which draws no uniforms); ``None`` for the
@@ -48,25 +43,7 @@ class Plan(NamedTuple):
     stats: RowStats
     greedy: torch.Tensor
     uniforms: torch.Tensor | None
-    drawn: bool = False
     keys: torch.Tensor | None = None
-
-    def step_uniforms(self) -> torch.Tensor | None:
-        """The uniforms in the order a step reads them: the accept tests, then the final
-        draw (``None`` when every request is greedy).
-
-        Examples
-        --------
-        >>> from specsample.probs import row_stats
-        >>> logits = torch.zeros(2, 3)
-        >>> plan = Plan(BatchLayout.build([1], logits.device), row_stats(logits, torch.ones(2)),
-        ...             torch.tensor([False]), torch.tensor([[0.75, 0.25]]), drawn=True)
-        >>> plan.step_uniforms().tolist()
-        [[0.25, 0.75]]
-        """
-        if self.uniforms is None or not self.drawn:
-            return self.uniforms
-        return in_step_order(self.uniforms)
 
 
 class LogitsStep(NamedTuple):

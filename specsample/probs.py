@@ -65,6 +65,11 @@ class RowStats(NamedTuple):
         float32 the row's largest logit (``+inf`` allowed; 0 for a row without a
         distribution, or when ``log_norm`` is not computed): ``z`` is measured from it
         (see :func:`scaled_logits`).
+    lazy : torch.Tensor or None
+        ``[rows]`` bool: the rows whose shift, argmax, cutoff and log-norm are left to the
+        step that reads them (their values here are not read), so that a row no walk reaches
+        is never read; ``None`` when every row's statistics are here. Only a backend's own
+        row statistics leave rows to its steps (:mod:`specsample.backends.cpu`).
     """
 
     inv_temperature: torch.Tensor
@@ -72,6 +77,7 @@ class RowStats(NamedTuple):
     log_norm: torch.Tensor
     argmax: torch.Tensor
     shift: torch.Tensor
+    lazy: torch.Tensor | None = None
 
 
 def _chunk_rows(vocab: int, device: torch.device) -> int:

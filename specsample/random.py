@@ -328,21 +328,23 @@ class Seeding:
             return None
         return self.seeded if self.seeded is not None else self.seeds >= 0
 
-    def unseeded(self, n: int, device: torch.device) -> torch.Tensor:
+    def unseeded(self, n: int, device: torch.device, *, first_last: bool = False) -> torch.Tensor:
         """``[batch, n]`` numbers of the rows that are not counter-seeded (others: filler):
         each row's own generator, or the shared one.
 
         A row with a generator of its own draws ``max(n, STEP_STRIDE)`` numbers and reads
         the first ``n``: a chain or block step advances it by ``STEP_STRIDE`` whatever the
         batch's padded width, so a seeded request gives the same tokens, step after step,
-        alone or beside requests with more drafts."""
+        alone or beside requests with more drafts. With ``first_last``, each row's first
+        number goes to the last column and the others move one column left: a step's final
+        draw, which lies last, is the first number drawn, so it does not depend on ``n``."""
         if self.shared_rows is not None:
             out = torch.zeros(self.batch, n, dtype=torch.float64, device=device)
             if self.shared_rows.shape[0]:
                 drawn = _rand(self.shared_rows.shape[0], n, device, self.generator)
-                out.index_copy_(0, self.shared_rows, drawn)
+                out.index_copy_(0, self.shared_rows, _arranged(drawn, first_last))
         else:
-            out = _rand(self.batch, n, device, self.generator)
+            out = _arranged(_rand(self.batch, n, device, self.generator), first_last)
             if self.seeds is not None or self.generators:
                 shared = torch.ones(self.batch, dtype=torch.bool, device=device)
                 counted = self.counter_rows()
@@ -353,17 +355,24 @@ class Seeding:
                 out = out[(shared.to(torch.int64).cumsum(0) - 1).clamp_(min=0)]
         for i, g in self.generators:
             own = torch.rand(max(n, STEP_STRIDE), dtype=torch.float64, device=g.device, generator=g)
-            out[i] = own[:n].to(device)
+            out[i] = _arranged(own[:n].unsqueeze(0), first_last)[0].to(device)
         return out
 
-    def draw(self, device: torch.device, parts: list[tuple[Stream, torch.Tensor]]) -> torch.Tensor:
+    def draw(
+        self,
+        device: torch.device,
+        parts: list[tuple[Stream, torch.Tensor]],
+        *,
+        first_last: bool = False,
+    ) -> torch.Tensor:
         """The uniforms of one step, ``[batch, sum of n_i]`` float64 in ``[0, 1)``.
 
         ``parts`` lists, column block by column block, the stream and the ``[batch, n_i]``
         counters that counter-seeded rows read; the other rows read their own generator or
-        the shared one, all columns in one draw.
+        the shared one, all columns in one draw (with ``first_last``, the first number drawn
+        in the last column, see :meth:`unseeded`).
         """
-        out = self.unseeded(sum(c.shape[1] for _, c in parts), device)
+        out = self.unseeded(sum(c.shape[1] for _, c in parts), device, first_last=first_last)
         seeds = self.seeds
         if seeds is None:
             return out
@@ -387,6 +396,11 @@ class Seeding:
             key = stream_key(self.seeds, stream)
             self._keys[stream] = key
         return key
+
+
+def _arranged(numbers: torch.Tensor, first_last: bool) -> torch.Tensor:
+    """``[rows, n]`` numbers as drawn, or with ``first_last`` each row's first one last."""
+    return numbers.roll(-1, dims=1) if first_last else numbers
 
 
 def _rand(

@@ -5,8 +5,8 @@ A step of ``k`` drafts reads ``k + 1`` uniforms per row: ``k`` accept tests and 
 draw. Counter-seeded rows read them in the stripe of the row's position
 (:func:`stripe`), the accept tests from :attr:`~specsample.random.Stream.ACCEPT` and the
 final draw from :attr:`~specsample.random.Stream.FINAL`; rows that read a generator draw the
-final number first. :func:`drawn_uniforms` gives them in that drawn order, :func:`step_uniforms`
-in the order a rule reads them (:func:`in_step_order`).
+final number first. :func:`step_uniforms` gives them in the one order every rule and backend
+reads: the accept tests, then the final draw.
 """
 
 from __future__ import annotations
@@ -37,32 +37,8 @@ def stripe(
 def step_uniforms(
     seeding: Seeding, k: int, device: torch.device, positions: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """The uniforms of one chain or block step in the order a rule reads them: the ``k``
-    accept tests, then the final draw (:func:`drawn_uniforms`, same arguments, put in that
-    order by :func:`in_step_order`).
-
-    Returns
-    -------
-    torch.Tensor
-        ``[batch, k + 1]`` float64 in ``[0, 1)``.
-
-    Examples
-    --------
-    >>> import torch
-    >>> cpu = torch.device("cpu")
-    >>> u = step_uniforms(Seeding.build(2, cpu, seeds=[1, 1]), 3, cpu)
-    >>> u.shape, bool(torch.equal(u[0], u[1]))
-    (torch.Size([2, 4]), True)
-    """
-    return in_step_order(drawn_uniforms(seeding, k, device, positions))
-
-
-def drawn_uniforms(
-    seeding: Seeding, k: int, device: torch.device, positions: torch.Tensor | None = None
-) -> torch.Tensor:
-    """The uniforms of one chain or block step in the order they are drawn: the final draw,
-    then the ``k`` accept tests. A rule that reads them in this order saves the reordering
-    (:meth:`specsample.rules.chain.PaddedRule.run_drawn`).
+    """The uniforms of one chain or block step, in the order a rule reads them: the ``k``
+    accept tests, then the final draw.
 
     Counter-seeded rows read the accept tests from :attr:`Stream.ACCEPT` and the final draw
     from :attr:`Stream.FINAL`, each in the stripe of the row's position (see
@@ -93,53 +69,41 @@ def drawn_uniforms(
     --------
     >>> import torch
     >>> cpu = torch.device("cpu")
-    >>> drawn = drawn_uniforms(Seeding.build(1, cpu, seeds=[5]), 2, cpu)
-    >>> ordered = step_uniforms(Seeding.build(1, cpu, seeds=[5]), 2, cpu)
-    >>> bool(torch.equal(in_step_order(drawn), ordered))
-    True
+    >>> u = step_uniforms(Seeding.build(2, cpu, seeds=[1, 1]), 3, cpu)
+    >>> u.shape, bool(torch.equal(u[0], u[1]))
+    (torch.Size([2, 4]), True)
     """
     if not 0 <= k < STEP_STRIDE:
         raise ValueError(f"k must lie in [0, {STEP_STRIDE}), got {k}")
     batch = seeding.batch
     if seeding.seeds is None:  # no counter-seeded row: no counters to build
-        return seeding.unseeded(k + 1, device)
+        return seeding.unseeded(k + 1, device, first_last=True)
     final = stripe(positions, batch, 1, 1, device)
     if torch.compiler.is_compiling():
-        return _drawn_in_one_width(seeding, seeding.seeds, final, k, device)
+        return _in_one_width(seeding, seeding.seeds, final, k, device)
     accept = stripe(positions, batch, k, STEP_STRIDE, device)
-    return seeding.draw(device, [(Stream.FINAL, final), (Stream.ACCEPT, accept)])
+    parts = [(Stream.ACCEPT, accept), (Stream.FINAL, final)]
+    return seeding.draw(device, parts, first_last=True)
 
 
-def _drawn_in_one_width(
+def _in_one_width(
     seeding: Seeding, seeds: torch.Tensor, final: torch.Tensor, k: int, device: torch.device
 ) -> torch.Tensor:
-    """:func:`drawn_uniforms` with some row counter-seeded (by ``seeds``), without a tensor
+    """:func:`step_uniforms` with some row counter-seeded (by ``seeds``), without a tensor
     ``k`` columns wide.
 
     :func:`torch.compile` specialises a size of 1, so a graph holding a ``[batch, k]``
     tensor serves either ``k = 1`` or ``k >= 2``, never both. The accept tests are hashed
-    one column to the right, over ``k + 1`` columns (column 0 hashing the counter of the
-    first test again), and column 0 of the counter-seeded rows then takes the final draw:
-    the same numbers. ``final`` is the ``[batch, 1]`` counter of the final draw.
+    over ``k + 1`` columns (column ``k`` hashing the counter of the last test again), and
+    column ``k`` of the counter-seeded rows then takes the final draw: the same numbers.
+    ``final`` is the ``[batch, 1]`` counter of the final draw.
     """
     cols = torch.arange(k + 1, device=device)
-    accept = final * STEP_STRIDE + (cols - 1).clamp_(min=0)
-    drawn = seeding.draw(device, [(Stream.ACCEPT, accept)])
+    accept = final * STEP_STRIDE + cols.clamp(max=max(k - 1, 0))
+    drawn = seeding.draw(device, [(Stream.ACCEPT, accept)], first_last=True)
     last = counter_uniform(seeds, final, Stream.FINAL, key=seeding.key(Stream.FINAL))
-    first = cols == 0
+    at_final = cols == k
     counted = seeding.counter_rows()
     if counted is not None:
-        first = first & counted.unsqueeze(-1)
-    return torch.where(first, last, drawn)
-
-
-def in_step_order(drawn: torch.Tensor) -> torch.Tensor:
-    """``[batch, k + 1]`` uniforms as drawn (:func:`drawn_uniforms`: the final draw first)
-    in the order a step reads them: the ``k`` accept tests, then the final draw.
-
-    Examples
-    --------
-    >>> in_step_order(torch.tensor([[0.75, 0.25, 0.5]])).tolist()
-    [[0.25, 0.5, 0.75]]
-    """
-    return drawn.roll(-1, dims=1)
+        at_final = at_final & counted.unsqueeze(-1)
+    return torch.where(at_final, last, drawn)

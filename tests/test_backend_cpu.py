@@ -21,8 +21,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from specsample import RejectionSampler, verify
 from specsample.backends import cpu
 from specsample.kernels.cpu import chain, compiler
-from specsample.rules.block import block_verify
-from specsample.rules.chain import ChainStep, chain_verify
+from specsample.rules.chain import chain_verify
 from specsample.testing import exactness_report, make_family
 
 pytestmark = pytest.mark.skipif(not compiler.available(), reason="the CPU backend needs numba")
@@ -63,25 +62,6 @@ def test_same_tokens_as_the_pytorch_rule(
 ) -> None:
     for seed in range(6):
         _assert_same(*_case(batch, k, vocab, dtype, seed))
-
-
-@pytest.mark.parametrize("rule", ["fused", "chain", "block"])
-@pytest.mark.parametrize("ready", [True, False], ids=["kernel", "compiling"])
-def test_uniforms_in_drawn_order_give_the_step_order_result(
-    rule: str, ready: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``run_drawn`` on the uniforms as drawn (final draw first) equals ``run`` on them in
-    step order, for the kernel (which reads them in place) and the PyTorch rules."""
-    if not ready:
-        monkeypatch.setattr(compiler, "ready", lambda: False)
-    verifier = {"fused": cpu.fused_chain, "chain": chain_verify, "block": block_verify}[rule]
-    for seed in range(4):
-        q, p, ids, bonus, uniforms = _case(6, 3, 700, torch.float32, seed)
-        drawn = torch.cat([uniforms[:, -1:], uniforms[:, :-1]], dim=1)
-        expected = verifier.run(ChainStep(q, p, ids, bonus, uniforms))
-        got = verifier.run_drawn(ChainStep(q, p, ids, bonus, drawn))
-        assert torch.equal(got.token_ids, expected.token_ids)
-        assert torch.equal(got.num_accepted, expected.num_accepted)
 
 
 def test_strided_rows_give_the_same_tokens() -> None:

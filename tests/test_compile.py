@@ -21,7 +21,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from specsample import RejectionSampler, verify
 from specsample.kernels.cpu import compiler
 from specsample.random import Seeding, Stream, counter_uniform
-from specsample.uniforms import drawn_uniforms
+from specsample.uniforms import step_uniforms
 
 SHAPES = [(8, 4, 50), (5, 3, 50), (3, 2, 50), (6, 5, 50)]
 """``(batch, k, vocab)`` of the successive calls: batch and draft count change every time."""
@@ -181,11 +181,11 @@ def test_a_graph_draws_the_eager_uniforms(k: int, monkeypatch: pytest.MonkeyPatc
     expected = []
     for seeding in _seedings():
         torch.manual_seed(1)
-        expected.append(drawn_uniforms(seeding, k, cpu, positions))
+        expected.append(step_uniforms(seeding, k, cpu, positions))
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     for seeding, eager in zip(_seedings(), expected, strict=True):
         torch.manual_seed(1)
-        assert torch.equal(drawn_uniforms(seeding, k, cpu, positions), eager)
+        assert torch.equal(step_uniforms(seeding, k, cpu, positions), eager)
 
 
 def test_counter_hash_is_one_opaque_operator() -> None:

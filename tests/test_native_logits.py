@@ -29,7 +29,6 @@ from specsample.backends import cpu, eager
 from specsample.kernels.cpu import compiler
 from specsample.metadata import SamplingMetadata
 from specsample.testing import exactness_report
-from specsample.uniforms import in_step_order
 from tests.test_logits_exactness import (
     _assert_positions,
     _family,
@@ -112,10 +111,9 @@ def test_same_tokens_as_the_pytorch_backend(draft_kind: str) -> None:
 
 
 @pytest.mark.parametrize("draft_kind", ["none", "probs32", "logits"])
-def test_uniforms_drawn_by_the_step_are_read_in_the_order_drawn(draft_kind: str) -> None:
-    """A step draws its uniforms final draw first, and the kernel reads them so: the same
-    tokens as PyTorch's code (which puts them in step order first) and as the same numbers
-    given in step order."""
+def test_uniforms_drawn_by_the_step_are_the_numbers_drawn_final_draw_last(draft_kind: str) -> None:
+    """A step draws its generator's numbers final draw first and reads them with the final
+    draw last: the same tokens, on the kernel and in PyTorch, as those numbers given so."""
     for seed in range(12):
         target, ids, counts, kwargs = _case(seed, draft_kind)
         del kwargs["uniforms"]
@@ -124,7 +122,7 @@ def test_uniforms_drawn_by_the_step_are_read_in_the_order_drawn(draft_kind: str)
             generator=torch.Generator().manual_seed(seed),
         )  # fmt: skip
         expected = verify(
-            target, ids, counts, backend="cpu", uniforms=in_step_order(drawn), **kwargs
+            target, ids, counts, backend="cpu", uniforms=drawn.roll(-1, dims=1), **kwargs
         )
         for backend in ("cpu", "torch"):
             got = verify(
@@ -300,13 +298,13 @@ def test_row_statistics_agree_with_pytorch() -> None:
     greedy = sampling.greedy
     assert torch.equal(lazy.argmax[greedy], expected.argmax[greedy])
     assert torch.equal(lazy.shift[greedy], expected.shift[greedy])
-    assert bool(lazy.shift[~greedy].isnan().all())  # left to the rows' reader
+    assert lazy.lazy is not None and torch.equal(lazy.lazy, ~greedy)  # left to the walk
     usable = ~expected.cutoff.isnan()
-    assert bool(lazy.log_norm[usable].isnan().all())
+    assert bool(lazy.log_norm[usable & greedy].isnan().all())  # not computed
     from specsample.kernels.cpu.logits import fill_norms
 
     stacked = torch.stack([lazy.shift, lazy.inv_temperature, lazy.cutoff, lazy.log_norm])
-    fill_norms(logits.numpy(), stacked.numpy(), lazy.argmax.numpy())
+    fill_norms(logits.numpy(), stacked.numpy(), lazy.argmax.numpy(), lazy.lazy.numpy())
     assert torch.equal(lazy.argmax, expected.argmax)
     assert torch.equal(stacked[0], expected.shift)
     assert torch.equal(stacked[2].isnan(), expected.cutoff.isnan())

@@ -1,13 +1,13 @@
 """The uniforms of a chain or block step: stripes of counters, never shared between steps,
-and the two orders (drawn, and read by a rule) of the same numbers."""
+and the one order a rule reads them in."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specsample.random import STEP_STRIDE, Seeding
-from specsample.uniforms import drawn_uniforms, in_step_order, step_uniforms, stripe
+from specsample.random import STEP_STRIDE, Seeding, Stream
+from specsample.uniforms import step_uniforms, stripe
 
 CPU = torch.device("cpu")
 
@@ -34,17 +34,20 @@ def test_steps_at_increasing_positions_never_share_a_number() -> None:
 
 
 @pytest.mark.parametrize("seeds", [None, [3, None, 9]], ids=["generator", "mixed"])
-def test_drawn_uniforms_are_the_step_uniforms_final_draw_first(
+def test_uniforms_are_the_accept_tests_then_the_final_draw(
     seeds: list[int | None] | None,
 ) -> None:
-    """The same numbers from the same sources: the final draw first, the accept tests after."""
+    """A generator's numbers are read with the first one (the final draw) last; counter rows
+    read the accept tests' stream, then the final draw's."""
     k, at = 4, torch.tensor([0, 7, 300])
-    got = []
-    for draw in (drawn_uniforms, step_uniforms):
-        gen = torch.Generator().manual_seed(5)
-        seeding = Seeding.build(3, CPU, seeds=seeds, generator=gen)
-        got.append(draw(seeding, k, CPU, positions=at))
-    drawn, ordered = got
-    assert torch.equal(in_step_order(drawn), ordered)
-    assert torch.equal(drawn[:, 0], ordered[:, k])
-    assert torch.equal(drawn[:, 1:], ordered[:, :k])
+    gen = torch.Generator().manual_seed(5)
+    got = step_uniforms(Seeding.build(3, CPU, seeds=seeds, generator=gen), k, CPU, positions=at)
+    shared = [0, 1, 2] if seeds is None else [1]
+    first = torch.rand(len(shared), k + 1, dtype=torch.float64, generator=gen.manual_seed(5))
+    assert torch.equal(got[shared], first.roll(-1, dims=1))
+    if seeds is not None:
+        seeding = Seeding.build(3, CPU, seeds=seeds)
+        accept = seeding.draw(CPU, [(Stream.ACCEPT, stripe(at, 3, k, STEP_STRIDE, CPU))])
+        final = seeding.draw(CPU, [(Stream.FINAL, stripe(at, 3, 1, 1, CPU))])
+        assert torch.equal(got[[0, 2], :k], accept[[0, 2]])
+        assert torch.equal(got[[0, 2], k], final[[0, 2], 0])

@@ -98,16 +98,9 @@ class FusedChainRule(PaddedRule):
 
     def run(self, step: ChainStep) -> VerifyResult:
         """The chain rule's result on ``step``, its arguments already checked."""
-        return self._run(step, drawn=False)
-
-    def run_drawn(self, step: ChainStep) -> VerifyResult:
-        """:meth:`run` on uniforms in the order drawn, which the kernel reads in place."""
-        return self._run(step, drawn=True)
-
-    def _run(self, step: ChainStep, *, drawn: bool) -> VerifyResult:
         target, draft, ids, bonus, uniforms = step
         if not _fused(target, draft):
-            return chain_verify.run_drawn(step) if drawn else chain_verify.run(step)
+            return chain_verify.run(step)
         from specsample.kernels.cpu import chain  # loaded with numba, at the warm-up
 
         batch, k, vocab = target.shape
@@ -124,7 +117,6 @@ class FusedChainRule(PaddedRule):
             memory(uniforms),
             (token_ids.data_ptr(), num_accepted.data_ptr()),
             (batch, k, vocab),
-            drawn,
             _MARKERS[target.dtype],
         )
         return VerifyResult(token_ids, num_accepted)
@@ -137,12 +129,13 @@ fused_chain = FusedChainRule()
 _NO_FILTER = (torch.empty(0, dtype=torch.int64), torch.empty(2, 0, dtype=torch.float32))
 """The filters of a batch without any, as :func:`_filters` gives them."""
 
-_NONE_LAZY = np.zeros(0, np.bool_)
-"""No row left to the walk (the ``lazy`` of :func:`specsample.kernels.cpu.logits.row_stats`)."""
+_NO_ROWS = np.zeros(0, np.bool_)
+"""No row (an empty ``[rows]`` mask, as the kernels take one)."""
 
-_UNREAD = torch.tensor([[math.nan], [math.nan], [-math.inf], [math.nan]], dtype=torch.float32)
-"""The shift, (placeholder) inverse temperature, cutoff and log-norm a row starts with, and a
-row left to the walk keeps (:func:`specsample.kernels.cpu.logits.row_stats` does not write it)."""
+_UNSET = torch.tensor([[math.nan], [math.nan], [-math.inf], [math.nan]], dtype=torch.float32)
+"""The shift, (placeholder) inverse temperature, cutoff and log-norm a row starts with before
+:func:`specsample.kernels.cpu.logits.row_stats` writes it; a row left to the walk keeps them,
+unread (:attr:`specsample.probs.RowStats.lazy` marks it)."""
 
 
 def _filters(sampling: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,23 +163,26 @@ def row_stats(
     """The statistics of ``[rows, vocab]`` logits (:func:`specsample.backends.eager.row_stats`).
 
     For float32 rows, by the kernel, each row read once from memory: with ``need_norm``, the
-    log-norms of every row; without, those of rows with a distribution and no filter are left
-    NaN, and :func:`verify_logits` computes the ones of the rows it reads. Rows with a
+    log-norms of every row; without, the sampled rows without a filter are left to the step
+    (:attr:`~specsample.probs.RowStats.lazy`), which computes the statistics of the rows
+    its walk reads, and the log-norms of greedy rows are not computed. Rows with a
     top-k, top-p or min-p filter get PyTorch's thresholds by selection
     (:mod:`specsample.kernels.cpu.filters`); a row whose top-p threshold is too close to call
     takes its statistics from PyTorch. Which computes a row depends on that row alone, so a
     request's result does not depend on the others in its batch. An all-greedy batch
-    without ``need_norm`` needs the argmaxes alone: no filter is applied. Without
-    ``need_norm``, the shift and argmax of a sampled row without a filter are left NaN and 0
-    too: :func:`verify_logits` reads only the rows its walk reaches.
+    without ``need_norm`` needs the argmaxes alone: no filter is applied.
     """
     if not _fused_logits(logits):
         return eager.row_stats(logits, sampling, need_norm=need_norm)
+    rows = logits.shape[0]
     filters = _filters(sampling) if need_norm or not sampling.all_greedy else _NO_FILTER
-    if not (need_norm or sampling.any_greedy) and filters is _NO_FILTER:
-        return _unread(logits.shape[0], sampling.inv_temperature)[0]  # all left to the walk
-    lazy = _NONE_LAZY if need_norm or sampling.all_greedy else ~sampling.greedy.numpy()
+    if not (need_norm or sampling.any_greedy) and filters is _NO_FILTER:  # all left to the walk
+        every = torch.ones(rows, dtype=torch.bool)
+        return _unset(rows, sampling.inv_temperature)[0]._replace(lazy=every)
+    lazy = _NO_ROWS if need_norm or sampling.all_greedy else ~sampling.greedy.numpy()
     stats, undecided = _kernel_stats(logits, sampling.inv_temperature, filters, need_norm, lazy)
+    if lazy.any():
+        stats = stats._replace(lazy=torch.from_numpy(lazy))
     if undecided.any():
         rows = torch.from_numpy(np.flatnonzero(undecided))
         processed = eager.row_stats(logits[rows], sampling.rows(rows), need_norm=True)
@@ -197,18 +193,19 @@ def row_stats(
 
 def _kernel_stats(
     logits: torch.Tensor,
-    inv_temperature: torch.Tensor | float,
+    inv_temperature: torch.Tensor,
     filters: tuple[torch.Tensor, torch.Tensor],
     norms: bool,
     lazy: np.ndarray,
 ) -> tuple[RowStats, np.ndarray]:
     """The statistics of float32 rows by the kernel (``lazy`` as
-    :func:`specsample.kernels.cpu.logits.row_stats` takes it), and the rows it left undecided."""
+    :func:`specsample.kernels.cpu.logits.row_stats` takes and leaves it), and the rows it left
+    undecided."""
     from specsample.kernels.cpu import logits as kernels
 
     rows = logits.shape[0]
     read = rows - int(lazy.sum()) if filters[0].shape[0] == 0 else rows
-    result, stats = _unread(rows, inv_temperature)
+    result, stats = _unset(rows, inv_temperature)
     undecided = np.zeros(rows, np.bool_)
     if read:  # else every row is left to the walk: nothing for the kernel to write
         kernel = (
@@ -222,10 +219,10 @@ def _kernel_stats(
     return result, undecided
 
 
-def _unread(rows: int, inv_temperature: torch.Tensor | float) -> tuple[RowStats, torch.Tensor]:
-    """The statistics of ``rows`` rows none of which is read yet (:data:`_UNREAD`, argmax 0),
+def _unset(rows: int, inv_temperature: torch.Tensor) -> tuple[RowStats, torch.Tensor]:
+    """The statistics of ``rows`` rows none of which is read yet (:data:`_UNSET`, argmax 0),
     and the ``[4, rows]`` tensor that holds all but their argmaxes."""
-    stats = _UNREAD.expand(4, rows).clone()
+    stats = _UNSET.expand(4, rows).clone()
     stats[1] = inv_temperature
     return RowStats(
         stats[1], stats[2], stats[3], torch.zeros(rows, dtype=torch.int64), stats[0]
@@ -258,8 +255,9 @@ def _stacked(stats: RowStats) -> torch.Tensor:
 
 def _draft_rows(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The draft rows as the kernel takes them (``[0, 0]`` for one-hot drafts, or when every
-    request is greedy) and their ``[4, rows]`` statistics (``[4, 0]`` for probabilities);
-    ``None`` where it cannot."""
+    request is greedy) and ``[4, rows]`` room for their statistics, which the kernel computes
+    where it reads a row (its inverse temperatures 1; ``[4, 0]`` for probabilities); ``None``
+    where it cannot."""
     none = torch.empty(4, 0, dtype=torch.float32)
     if step.plan.uniforms is None:
         return torch.empty(0, 0, dtype=torch.float32), none
@@ -267,9 +265,7 @@ def _draft_rows(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor] | None:
         rows = step.draft_logits
         if not _fused_logits(rows):
             return None
-        rows = _float32(rows)
-        lazy = np.ones(rows.shape[0], np.bool_)
-        return rows, _stacked(_kernel_stats(rows, 1.0, _NO_FILTER, False, lazy)[0])
+        return _float32(rows), torch.ones(4, rows.shape[0], dtype=torch.float32)
     if step.draft_probs is not None and step.draft_probs.shape[0]:
         rows = step.draft_probs
         return (rows, none) if rows.dtype in _MARKERS else None
@@ -279,11 +275,11 @@ def _draft_rows(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor] | None:
 def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`specsample.backends.eager.verify_logits`, by the kernel for a chain step on
     float32 CPU rows (the PyTorch code otherwise): the same tokens on the same uniforms."""
-    uniforms, drawn = step.plan.uniforms, step.plan.drawn
+    uniforms = step.plan.uniforms
     fused = step.method == "chain" and _fused_logits(step.target_logits)
     draft = _draft_rows(step) if fused else None
     if draft is None:
-        return eager.verify_logits(_with_norms(step))
+        return eager.verify_logits(_completed(step))
     from specsample.kernels.cpu import logits as kernels
 
     batch = step.plan.layout.batch
@@ -298,7 +294,6 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
         _dense(draft[0]),
         _dense(draft[1]),
         _dense(uniforms),
-        drawn,
         token_ids.numpy(),
         num_accepted.numpy(),
         compiler.threads() if parallel else 1,
@@ -345,8 +340,9 @@ def _step_arrays(
     step: LogitsStep,
 ) -> tuple[tuple[np.ndarray, ...], torch.Tensor, torch.Tensor]:
     """The arrays every logits kernel takes first: the float32 target rows, their ``[4, rows]``
-    statistics and ``[rows]`` argmaxes, the layout as ``[5, batch]`` int64 (drafts, first
-    draft row, first target row, greedy, the given bonus token or -1) and the drafts; then
+    statistics, ``[rows]`` argmaxes and rows left to the walk (empty for none), the layout as
+    ``[5, batch]`` int64 (drafts, first draft row, first target row, greedy, the given bonus
+    token or -1) and the drafts; then
     the outputs, ``[batch, max_drafts + 1]`` tokens filled with -1 and ``[batch]`` accepted
     counts."""
     plan, bonus = step.plan, step.bonus_token_ids
@@ -357,6 +353,7 @@ def _step_arrays(
         _dense(_float32(step.target_logits)),
         _dense(_stacked(stats)),
         _dense(stats.argmax),
+        _NO_ROWS if stats.lazy is None else stats.lazy.numpy(),
         _dense(torch.stack([_int64(c) for c in columns])),
         _dense(_int64(step.draft_token_ids)),
     )
@@ -364,17 +361,19 @@ def _step_arrays(
     return arrays, token_ids, torch.empty(batch, dtype=torch.int64)
 
 
-def _with_norms(step: LogitsStep) -> LogitsStep:
-    """``step`` with the shifts, argmaxes and log-norms :func:`row_stats` left to the kernel
-    computed (what the PyTorch code reads)."""
+def _completed(step: LogitsStep) -> LogitsStep:
+    """``step`` with the statistics :func:`row_stats` left to the step (the rows
+    :attr:`~specsample.probs.RowStats.lazy` marks) and the log-norms it did not compute
+    filled in: what the PyTorch code reads."""
     if step.plan.uniforms is None or not _fused_logits(step.target_logits):
         return step
     from specsample.kernels.cpu.logits import fill_norms
 
     stats = step.plan.stats
     stacked, argmax = _stacked(stats), stats.argmax.clone()
-    fill_norms(_dense(_float32(step.target_logits)), stacked.numpy(), argmax.numpy())
-    full = stats._replace(shift=stacked[0], cutoff=stacked[2], log_norm=stacked[3], argmax=argmax)
+    lazy = _NO_ROWS if stats.lazy is None else stats.lazy.numpy()
+    fill_norms(_dense(_float32(step.target_logits)), stacked.numpy(), argmax.numpy(), lazy)
+    full = RowStats(stats.inv_temperature, stacked[2], stacked[3], argmax, stacked[0])
     return step._replace(plan=step.plan._replace(stats=full))
 
 

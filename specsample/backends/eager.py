@@ -196,7 +196,7 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     (tensor([[1, 0]]), tensor([1]))
     """
     target_logits, draft_token_ids, plan, method, draft_probs, draft_logits, bonus_token_ids = step
-    layout, stats, greedy, uniforms = plan.layout, plan.stats, plan.greedy, plan.step_uniforms()
+    layout, stats, greedy, uniforms = plan.layout, plan.stats, plan.greedy, plan.uniforms
     if not layout.max_drafts:
         return _plain_step(target_logits, layout, stats, greedy, uniforms, bonus_token_ids)
     rows = target_logits.shape[0]

@@ -18,7 +18,6 @@ import torch
 from specsample.checks import check_chain_inputs, check_step_uniforms, require_tensor
 from specsample.rules.residual import sample_residual
 from specsample.rules.rows import PositionRows
-from specsample.uniforms import in_step_order
 
 
 class VerifyResult(NamedTuple):
@@ -106,12 +105,6 @@ class PaddedRule(ABC):
         (as :func:`specsample.rules.chain.check_rule_inputs` does): :meth:`verify` without
         repeating the checks, where a rule can skip them."""
         return self.verify(step)
-
-    def run_drawn(self, step: ChainStep) -> VerifyResult:
-        """:meth:`run` on a ``step`` whose uniforms are in the order they were drawn (the
-        final draw first, :func:`specsample.uniforms.drawn_uniforms`). This puts them in step
-        order; a rule that reads them in place overrides it."""
-        return self.run(step._replace(uniforms=in_step_order(step.uniforms)))
 
 
 def emit(

@@ -121,17 +121,16 @@ def draw_residual(q: np.ndarray, p: np.ndarray, u: float) -> int:
 
 @njit(inline="always")
 def _verify_one(target: tuple, draft: tuple, ids: tuple, bonus: tuple, uniforms: tuple,
-                out: tuple, shape: tuple, b: int, drawn: bool, marker: float) -> None:  # fmt: skip
+                out: tuple, shape: tuple, b: int, marker: float) -> None:  # fmt: skip
     """Verify sequence ``b`` (see :func:`chain_rule`)."""
     _, k, vocab = shape
-    first, final = (1, 0) if drawn else (0, k)
     at_q, at_p = b * target[1], b * draft[1]
     n = 0
     while n < k:
         x = load(ids[0], b * ids[1] + n * ids[2], np.int64(0))
         if x < 0 or x >= vocab:
             break
-        u = load(uniforms[0], b * uniforms[1] + (first + n) * uniforms[2], 0.0)
+        u = load(uniforms[0], b * uniforms[1] + n * uniforms[2], 0.0)
         p_x = load(draft[0], at_p + n * draft[2] + x, marker)
         if not u * np.float64(p_x) < np.float64(load(target[0], at_q + n * target[2] + x, marker)):
             break
@@ -145,7 +144,7 @@ def _verify_one(target: tuple, draft: tuple, ids: tuple, bonus: tuple, uniforms:
     else:
         q = row(target[0], at_q + n * target[2], vocab, marker)
         p = row(draft[0], at_p + n * draft[2], vocab, marker)
-        u = load(uniforms[0], b * uniforms[1] + final * uniforms[2], 0.0)
+        u = load(uniforms[0], b * uniforms[1] + k * uniforms[2], 0.0)
         store(tokens, at + n, np.int64(draw_residual(q, p, u)))
 
 
@@ -158,7 +157,6 @@ def chain_rule(
     uniforms: tuple,
     out: tuple,
     shape: tuple,
-    drawn: bool,
     marker: float,
 ) -> None:
     """Verify ``[batch, k]`` drafts, sequences in parallel; the tensors are given by their
@@ -167,12 +165,12 @@ def chain_rule(
     ``shape`` is ``(batch, k, vocab)``. ``target`` and ``draft`` are ``[batch, k, vocab]``
     probabilities of ``marker``'s type (float32 or float64) whose rows are contiguous,
     ``ids`` ``[batch, k]`` int64 drafts, ``bonus`` ``[batch]`` int64, ``uniforms``
-    ``[batch, k + 1]`` float64: the accept tests then the final draw, or with ``drawn`` the
-    final draw first (:func:`specsample.uniforms.drawn_uniforms`). ``out`` holds the addresses of
-    the outputs: contiguous int64 ``[batch, k + 1]`` tokens and ``[batch]`` accepted counts.
+    ``[batch, k + 1]`` float64: the accept tests then the final draw
+    (:func:`specsample.uniforms.step_uniforms`). ``out`` holds the addresses of the outputs:
+    contiguous int64 ``[batch, k + 1]`` tokens and ``[batch]`` accepted counts.
     """
     for b in prange(shape[0]):
-        _verify_one(target, draft, ids, bonus, uniforms, out, shape, b, drawn, marker)
+        _verify_one(target, draft, ids, bonus, uniforms, out, shape, b, marker)
 
 
 chain_rule_serial = serial(chain_rule)
@@ -197,5 +195,5 @@ def warm() -> None:
         for marker in (np.float32(0), np.float64(0)):
             rows = np.full((2, 1, 4), 0.25, type(marker))
             rule(_memory(rows), _memory(rows), _memory(ids), _memory(bonus), _memory(uniforms),
-                 out, (2, 1, 4), False, marker)  # fmt: skip
+                 out, (2, 1, 4), marker)  # fmt: skip
         rule.disable_compile()

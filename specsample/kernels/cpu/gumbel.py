@@ -6,7 +6,7 @@ does: each request walks its target rows in order, computes each row's token (th
 greedy request; of a sampled one, the keyed Gumbel-max token of
 :func:`specsample.rules.gumbel.gumbel_argmax` over the tokens its processing keeps), and stops
 at the first draft that differs from it: the rows after it are never read. A sampled row that
-:func:`specsample.kernels.cpu.logits.row_stats` left to the reader (its shift NaN) gets its largest
+:func:`specsample.kernels.cpu.logits.row_stats` left to the walk (``lazy``) gets its largest
 logit here, in the same pass that finds the largest logit of each block of
 :data:`~specsample.kernels.cpu.floats.BLOCK` tokens.
 
@@ -175,17 +175,19 @@ def gumbel_token(row: np.ndarray, head: tuple[np.float32, np.float32, np.float32
 
 
 @njit(inline="always")
-def _row_token(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, keys: np.ndarray,
-               greedy: bool, r: int, maxima: np.ndarray) -> tuple[int, bool]:  # fmt: skip
+def _row_token(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, lazy: np.ndarray,
+               keys: np.ndarray, greedy: bool, r: int, maxima: np.ndarray
+               ) -> tuple[int, bool]:  # fmt: skip
     """Row ``r``'s token and whether the row has a distribution (token 0 where not): its
-    argmax when ``greedy``, else its keyed Gumbel-max token. A row left to the reader (shift
-    NaN) gets its largest logit here; a sampled row its blocks' largest logits, in
-    ``maxima`` (a scratch ``[vocab // BLOCK]`` float32)."""
+    argmax when ``greedy``, else its keyed Gumbel-max token. A row ``lazy`` marks gets its
+    largest logit here; a sampled row its blocks' largest logits, in ``maxima`` (a scratch
+    ``[vocab // BLOCK]`` float32)."""
     row = target[r]
     shift, cut, index = stats[0, r], stats[2, r], argmax[r]
-    if np.isnan(shift) or not greedy:
+    left = lazy.shape[0] > 0 and lazy[r]
+    if left or not greedy:
         top, first, nan = _largest(row, maxima)
-        if np.isnan(shift):
+        if left:
             shift, index = top, first
             cut = np.float32(np.nan) if nan or np.isnan(top) or top == -np.inf else cut
     if np.isnan(cut):
@@ -196,7 +198,8 @@ def _row_token(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, keys: 
 
 
 @njit
-def _walk(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layout: np.ndarray,
+def _walk(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, lazy: np.ndarray,
+          layout: np.ndarray,
           ids: np.ndarray, keys: np.ndarray, token_ids: np.ndarray, num_accepted: np.ndarray,
           maxima: np.ndarray, b: int) -> None:  # fmt: skip
     """Verify request ``b`` (see :func:`gumbel_logits`)."""
@@ -204,7 +207,8 @@ def _walk(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layout: np.
     n, final = 0, bonus
     while n < drafts or bonus < 0:
         r = min(start + n, target.shape[0] - 1)
-        token, usable = _row_token(target, stats, argmax, keys, layout[3, b] != 0, r, maxima)
+        greedy = layout[3, b] != 0
+        token, usable = _row_token(target, stats, argmax, lazy, keys, greedy, r, maxima)
         if n == drafts or not usable or ids[first + n] != token:
             final = token
             break
@@ -217,6 +221,7 @@ def gumbel_logits(
     target: np.ndarray,
     stats: np.ndarray,
     argmax: np.ndarray,
+    lazy: np.ndarray,
     layout: np.ndarray,
     ids: np.ndarray,
     keys: np.ndarray,
@@ -228,9 +233,10 @@ def gumbel_logits(
 
     - ``target``: ``[rows, vocab]`` float32 logits;
     - ``stats``: ``[4, rows]`` float32 shift, inverse temperature, cutoff and log-norm of each
-      target row (:func:`specsample.kernels.cpu.logits.row_stats`; the shift NaN where left to the
-      reader; the log-norm is not read);
-    - ``argmax``: ``[rows]`` int64 (read where the shift is known);
+      target row (:func:`specsample.kernels.cpu.logits.row_stats`; the log-norm is not read);
+    - ``argmax``: ``[rows]`` int64;
+    - ``lazy``: ``[rows]`` bool, the rows whose shift and argmax are left to the walk (their
+      values in ``stats`` and ``argmax`` are not read); empty for none;
     - ``layout``: ``[5, batch]`` int64 drafts, first draft row, first target row, greedy, and
       the given bonus token (or -1) of each request;
     - ``ids``: ``[total_drafts]`` int64 drafts;
@@ -253,7 +259,8 @@ def gumbel_logits(
         maxima = np.empty(target.shape[1] // BLOCK, np.float32)
         b = atomics.fetch_add(taken, 0, 1)
         while b < batch:
-            _walk(target, stats, argmax, layout, ids, keys, token_ids, num_accepted, maxima, b)
+            _walk(target, stats, argmax, lazy, layout, ids, keys, token_ids, num_accepted,
+                  maxima, b)  # fmt: skip
             b = atomics.fetch_add(taken, 0, 1)
 
 
@@ -269,7 +276,8 @@ def warm() -> None:
     layout = np.array([[1], [0], [0], [0], [-1]], np.int64)
     for kernel in (gumbel_logits, gumbel_logits_serial):
         kernel(
-            logits, stats, np.zeros(2, np.int64), layout, np.zeros(1, np.int64),
+            logits, stats, np.zeros(2, np.int64), np.zeros(0, np.bool_), layout,
+            np.zeros(1, np.int64),
             np.zeros(2, np.int64), np.full((1, 2), -1, np.int64), np.zeros(1, np.int64), 1,
         )  # fmt: skip
         kernel.disable_compile()

@@ -93,24 +93,16 @@ def _shift(row: np.ndarray, stats: np.ndarray, r: int, maxima: np.ndarray) -> in
 
 
 @njit(inline="always")
-def _resolve(logits: np.ndarray, stats: np.ndarray, argmax: np.ndarray, r: int) -> None:
-    """Compute the shift and argmax of row ``r`` where :func:`row_stats` left them to the
-    reader (its shift NaN); ``argmax`` may be empty (draft rows need none)."""
-    if np.isnan(stats[0, r]):
-        index = _shift(logits[r], stats, r, np.empty(0, np.float32))
-        if argmax.shape[0]:
-            argmax[r] = index
-
-
-@njit(inline="always")
 def _row_stats(logits: np.ndarray, stats: np.ndarray, argmax: np.ndarray, norms: bool,
                top_k: np.ndarray, limits: np.ndarray, lazy: np.ndarray, undecided: np.ndarray,
                r: int) -> None:  # fmt: skip
     """The statistics of row ``r`` (see :func:`row_stats`)."""
     row = logits[r]
     filtered = top_k.shape[0] and (top_k[r] > 0 or limits[0, r] < 1.0 or limits[1, r] > -np.inf)
-    if not filtered and lazy.shape[0] and lazy[r]:
-        return
+    if lazy.shape[0] and lazy[r]:
+        if not filtered:
+            return
+        lazy[r] = False
     maxima = np.empty(row.shape[0] // BLOCK if filtered else 0, np.float32)
     argmax[r] = _shift(row, stats, r, maxima)
     if np.isnan(stats[2, r]):
@@ -121,15 +113,16 @@ def _row_stats(logits: np.ndarray, stats: np.ndarray, argmax: np.ndarray, norms:
         )
         undecided[r] = not decided
     elif norms:
-        _fill_norm(logits, stats, argmax, r)
+        _log_norm(row, stats, r, np.empty(row.shape[0], np.float32))
 
 
 @njit(inline="always")
-def _fill_norm(logits: np.ndarray, stats: np.ndarray, argmax: np.ndarray, r: int) -> None:
-    """Compute the log-norm of row ``r`` where it is not yet known (NaN on a row with a
-    distribution: its cutoff is not NaN), and first its shift and argmax where
-    :func:`row_stats` left them (:func:`_resolve`)."""
-    _resolve(logits, stats, argmax, r)
+def _fill_norm(logits: np.ndarray, stats: np.ndarray, argmax: np.ndarray, lazy: np.ndarray,
+               r: int) -> None:  # fmt: skip
+    """Compute the shift and argmax of row ``r`` if ``lazy`` marks it, then its log-norm where
+    not computed (NaN on a row with a distribution: its cutoff is not NaN)."""
+    if lazy.shape[0] and lazy[r]:
+        argmax[r] = _shift(logits[r], stats, r, np.empty(0, np.float32))
     if np.isnan(stats[3, r]):
         _log_norm(logits[r], stats, r, np.empty(logits.shape[1], np.float32))
 
@@ -152,11 +145,13 @@ def row_stats(
     logit), cutoff and log-norm into ``stats[0]``, ``stats[2]`` and ``stats[3]``, and the
     index of the first largest logit into ``argmax``, with the conventions of
     :func:`specsample.probs.row_stats` for a row without a distribution. Without ``norms``,
-    the log-norms of rows with a distribution and no filter are left NaN; the rows without a
-    filter that ``lazy`` ``[rows]`` (bool, or empty for none) marks are not written at all
-    (the caller gives them shift NaN, cutoff ``-inf``, log-norm NaN and argmax 0):
-    :func:`chain_logits` computes those of the rows it reads (and :func:`fill_norms` all of
-    them), so a sampled row the walk never reaches is never read.
+    the log-norms of rows with a distribution and no filter are left NaN. The rows that
+    ``lazy`` ``[rows]`` (bool, or empty for none) marks are left to the step that reads them
+    and not written at all, unless they have a filter (their mark is then cleared): on
+    return, ``lazy`` marks the rows whose statistics :func:`chain_logits` and
+    :func:`gumbel_logits <specsample.kernels.cpu.gumbel.gumbel_logits>` compute where their
+    walk reads them (and :func:`fill_norms` all of them), so that a sampled row no walk
+    reaches is never read.
 
     Filters: ``top_k`` ``[rows]`` int64 (0 off) and ``limits`` ``[2, rows]`` float32, the
     rows' ``top_p`` (1 off) and ``log(min_p)`` (``-inf`` off), or both empty when no row has
@@ -173,11 +168,13 @@ row_stats_serial = serial(row_stats)
 
 
 @njit
-def fill_norms(logits: np.ndarray, stats: np.ndarray, argmax: np.ndarray) -> None:
-    """Compute the shifts, argmaxes and log-norms :func:`row_stats` left NaN (``stats``
-    ``[4, rows]`` and ``argmax`` ``[rows]`` as there)."""
+def fill_norms(logits: np.ndarray, stats: np.ndarray, argmax: np.ndarray, lazy: np.ndarray
+               ) -> None:  # fmt: skip
+    """Complete the statistics of :func:`row_stats` (``stats`` ``[4, rows]``, ``argmax`` and
+    ``lazy`` ``[rows]`` as there): the shift and argmax of the rows ``lazy`` marks, and
+    every log-norm not computed."""
     for r in range(logits.shape[0]):
-        _fill_norm(logits, stats, argmax, r)
+        _fill_norm(logits, stats, argmax, lazy, r)
 
 
 @njit(inline="always")
@@ -189,22 +186,33 @@ def _fill_probs(row: np.ndarray, stats: np.ndarray, r: int, out: np.ndarray) -> 
 
 
 @njit(inline="always")
+def _draft_norm(draft: np.ndarray, draft_stats: np.ndarray, row: int, known: int) -> int:
+    """Compute the statistics of draft logits row ``row`` into ``draft_stats`` (whose
+    ``[1]`` holds 1) unless it is ``known``, the row last computed; return ``row``."""
+    if row != known:
+        _shift(draft[row], draft_stats, row, np.empty(0, np.float32))
+        _log_norm(draft[row], draft_stats, row, np.empty(draft.shape[1], np.float32))
+    return row
+
+
+@njit(inline="always")
 def _draft_prob(draft: np.ndarray, draft_stats: np.ndarray, row: int, x: int) -> float:
-    """``p(x)`` at a draft row: given probabilities, or from logits; 1 for one-hot drafts."""
+    """``p(x)`` at a draft row: given probabilities, or from logits (their statistics
+    computed, :func:`_draft_norm`); 1 for one-hot drafts."""
     if draft.shape[0] == 0:
         return 1.0
     if draft_stats.shape[1] == 0:
         return np.float64(draft[row, x])
-    _fill_norm(draft, draft_stats, np.empty(0, np.int64), row)
     s = draft_stats
     return np.float64(prob(draft[row, x], s[0, row], s[1, row], s[2, row], s[3, row]))
 
 
 @njit(inline="always")
 def _draft_row(draft: np.ndarray, draft_stats: np.ndarray, row: int, x: int, rejected: bool,
-               out: np.ndarray) -> None:  # fmt: skip
+               known: int, out: np.ndarray) -> None:  # fmt: skip
     """``out = p`` at the draw: the rejected draft's row (a one-hot row without draft rows,
-    the draft ``x`` removed), or zeros where no draft applies (``q`` itself is drawn)."""
+    the draft ``x`` removed), or zeros where no draft applies (``q`` itself is drawn);
+    ``known`` as :func:`_draft_norm` takes it."""
     out[:] = 0.0
     if not rejected:
         return
@@ -215,7 +223,7 @@ def _draft_row(draft: np.ndarray, draft_stats: np.ndarray, row: int, x: int, rej
         for i in range(out.shape[0]):
             out[i] = np.float32(draft[row, i])
     else:
-        _fill_norm(draft, draft_stats, np.empty(0, np.int64), row)
+        _draft_norm(draft, draft_stats, row, known)
         _fill_probs(draft[row], draft_stats, row, out)
 
 
@@ -226,15 +234,16 @@ the row is ``exp(z) / sum``), or not the kernel's to compute (given, or not need
 
 
 @njit(inline="always")
-def _row_states(stats: np.ndarray, layout: np.ndarray) -> np.ndarray:
-    """``[rows]`` int64 states: :data:`_FREE` for the rows of sampled sequences whose
-    log-norm is not yet known, :data:`_KNOWN` for every other row."""
-    rows = stats.shape[1]
+def _row_states(lazy: np.ndarray, layout: np.ndarray, rows: int) -> np.ndarray:
+    """``[rows]`` int64 states: :data:`_FREE` for the rows of sampled sequences that ``lazy``
+    marks (their statistics left to the walk), :data:`_KNOWN` for every other row."""
     states = np.full(rows, _KNOWN, np.int64)
+    if lazy.shape[0] == 0:
+        return states
     for b in range(layout.shape[1]):
         for n in range(_rows_read(layout, b)):
             row = min(layout[2, b] + n, rows - 1)
-            if np.isnan(stats[3, row]):
+            if lazy[row]:
                 states[row] = _FREE
     return states
 
@@ -251,10 +260,10 @@ def _rows_read(layout: np.ndarray, b: int) -> int:
 @njit(inline="always")
 def _norm_into(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, row: int,
                out: np.ndarray) -> np.float32:  # fmt: skip
-    """Set the shift (where left to the reader) and the log-norm of target row ``row``,
-    keeping each ``exp(z)`` in ``out``; return their sum (NaN for a row without a
-    distribution, whose statistics :func:`_shift` sets)."""
-    _resolve(target, stats, argmax, row)
+    """Set the shift, argmax and log-norm of target row ``row``, left to the walk, keeping
+    each ``exp(z)`` in ``out``; return their sum (NaN for a row without a distribution,
+    whose statistics :func:`_shift` sets)."""
+    argmax[row] = _shift(target[row], stats, row, np.empty(0, np.float32))
     return _log_norm(target[row], stats, row, out)
 
 
@@ -328,21 +337,21 @@ def _help(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layout: np.
 @njit
 def _verify_one(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layout: np.ndarray,
                 ids: np.ndarray, draft: np.ndarray, draft_stats: np.ndarray,
-                uniforms: np.ndarray, drawn: bool, token_ids: np.ndarray,
+                uniforms: np.ndarray, token_ids: np.ndarray,
                 num_accepted: np.ndarray, states: np.ndarray, walked: np.ndarray, b: int
                 ) -> None:  # fmt: skip
     """Verify sequence ``b`` (see :func:`chain_logits`)."""
     rows, vocab = target.shape
-    tests, final_column = (1, 0) if drawn else (0, uniforms.shape[1] - 1)
+    final_column = uniforms.shape[1] - 1
     drafts, first, start, greedy = layout[0, b], layout[1, b], layout[2, b], layout[3, b]
     q_row = np.empty(0 if greedy else vocab, np.float32)
     exps, exps_total = -1, np.float32(1.0)  # the row whose exp(z) q_row holds, and its sum
     own = np.empty((4, 1), np.float32)  # the statistics of a sampled row being read
+    d_known = -1  # the draft logits row whose statistics draft_stats holds
     n = 0
     while n < drafts:
         x, row = ids[first + n], min(start + n, rows - 1)
         if greedy:
-            _resolve(target, stats, argmax, row)
             if x < 0 or x >= vocab or np.isnan(stats[2, row]) or x != argmax[row]:
                 break
         else:
@@ -352,7 +361,9 @@ def _verify_one(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layou
             if x < 0 or x >= vocab or np.isnan(own[2, 0]):
                 break
             q = np.float64(prob(target[row, x], own[0, 0], own[1, 0], own[2, 0], own[3, 0]))
-            if not uniforms[b, tests + n] * _draft_prob(draft, draft_stats, first + n, x) < q:
+            if draft_stats.shape[1]:
+                d_known = _draft_norm(draft, draft_stats, first + n, d_known)
+            if not uniforms[b, n] * _draft_prob(draft, draft_stats, first + n, x) < q:
                 break
         n += 1
     row = min(start + n, rows - 1)
@@ -360,7 +371,6 @@ def _verify_one(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layou
     if layout[4, b] >= 0 and n == drafts:
         final = layout[4, b]
     elif greedy:
-        _resolve(target, stats, argmax, row)
         final = argmax[row]
     else:
         total = _settle(target, stats, argmax, states, row, q_row, own)
@@ -383,7 +393,7 @@ def _verify_one(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layou
             final = draw_residual(q_row, draft[d_row], u)  # float32 probabilities, as given
         else:
             p_row = np.empty(vocab, np.float32)
-            _draft_row(draft, draft_stats, d_row, x, n < drafts, p_row)
+            _draft_row(draft, draft_stats, d_row, x, n < drafts, d_known, p_row)
             final = draw_residual(q_row, p_row, u)
     atomics.publish(walked, b, 1)
     emit(token_ids, num_accepted, ids, b, first, n, final)
@@ -405,12 +415,12 @@ def chain_logits(
     target: np.ndarray,
     stats: np.ndarray,
     argmax: np.ndarray,
+    lazy: np.ndarray,
     layout: np.ndarray,
     ids: np.ndarray,
     draft: np.ndarray,
     draft_stats: np.ndarray,
     uniforms: np.ndarray,
-    drawn: bool,
     token_ids: np.ndarray,
     num_accepted: np.ndarray,
     threads: int,
@@ -421,6 +431,9 @@ def chain_logits(
     - ``stats``: ``[4, rows]`` float32 shift, inverse temperature, cutoff and log-norm of each
       target row (the log-norm NaN where not yet computed, for a row with no filter);
     - ``argmax``: ``[rows]`` int64;
+    - ``lazy``: ``[rows]`` bool, the rows of sampled sequences whose shift, argmax and
+      log-norm are left to the walk, which computes those of the rows it reads (their values
+      in ``stats`` and ``argmax`` are not read); empty for none;
     - ``layout``: ``[5, batch]`` int64 drafts, first draft row, first target row, greedy,
       and the given bonus token (or -1) of each sequence;
     - ``ids``: ``[total_drafts]`` int64 drafts;
@@ -428,8 +441,7 @@ def chain_logits(
       ``draft_stats`` ``[4, total_drafts]`` (``[4, 0]`` with probabilities); ``[0, 0]`` for
       one-hot drafts;
     - ``uniforms``: ``[batch, max_drafts + 1]`` float64 (``[batch, 0]`` when every request is
-      greedy): the accept tests, then the final draw, or with ``drawn`` the final draw first
-      (:func:`specsample.uniforms.drawn_uniforms`);
+      greedy): the accept tests, then the final draw (:func:`specsample.uniforms.step_uniforms`);
     - ``token_ids``: ``[batch, max_drafts + 1]`` int64, filled with -1 by the caller;
     - ``threads``: how many threads share the work
     (:func:`specsample.kernels.cpu.compiler.threads`).
@@ -441,13 +453,13 @@ def chain_logits(
     on the threads.
     """
     batch = layout.shape[1]
-    states = _row_states(stats, layout)
+    states = _row_states(lazy, layout, target.shape[0])
     walked = np.zeros(batch, np.int64)
     taken = np.zeros(1, np.int64)
     for _ in prange(min(threads, batch + 1)):  # a helper even for one sequence
         b = atomics.fetch_add(taken, 0, 1)
         while b < batch:
-            _verify_one(target, stats, argmax, layout, ids, draft, draft_stats, uniforms, drawn,
+            _verify_one(target, stats, argmax, layout, ids, draft, draft_stats, uniforms,
                         token_ids, num_accepted, states, walked, b)  # fmt: skip
             b = atomics.fetch_add(taken, 0, 1)
         _help(target, stats, argmax, layout, states, walked)
@@ -464,7 +476,7 @@ def warm() -> None:
     stats = np.zeros((4, 2), np.float32)
     argmax = np.zeros(2, np.int64)
     layout = np.array([[1], [0], [0], [0], [-1]], np.int64)
-    fill_norms(logits, stats, argmax)
+    fill_norms(logits, stats, argmax, np.ones(2, np.bool_))
     fill_norms.disable_compile()
     for stats_kernel in (row_stats, row_stats_serial):
         for top_k, limits in ((np.zeros(0, np.int64), np.zeros((2, 0), np.float32)),
@@ -475,7 +487,8 @@ def warm() -> None:
     for chain in (chain_logits, chain_logits_serial):
         for draft in (np.zeros((1, 4), np.float32), np.zeros((1, 4), np.float64)):
             chain(
-                logits, stats, argmax, layout, np.zeros(1, np.int64), draft, stats,
-                np.full((1, 2), 0.5), False, np.zeros((1, 2), np.int64), np.zeros(1, np.int64), 2,
+                logits, stats, argmax, np.zeros(0, np.bool_), layout, np.zeros(1, np.int64), draft,
+                stats,
+                np.full((1, 2), 0.5), np.zeros((1, 2), np.int64), np.zeros(1, np.int64), 2,
             )  # fmt: skip
         chain.disable_compile()

@@ -43,7 +43,7 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
         The target rows (``[total_drafts + batch, vocab]``, or the draft rows only with
         bonus tokens, then no row past a request's drafts is read), the drafts, the plan
         (:class:`specsample.plan.Plan`: layout, row statistics, greedy requests, uniforms,
-        read in step order, :meth:`~specsample.plan.Plan.step_uniforms`), the rule and the
+        the accept tests then the final draw), the rule and the
         bonus tokens.
 
     Returns
@@ -73,7 +73,7 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     (tensor([[1, 0]]), tensor([1]))
     """
     target_logits, draft_token_ids, plan, method, draft_probs, draft_logits, bonus_token_ids = step
-    layout, stats, greedy, uniforms = plan.layout, plan.stats, plan.greedy, plan.step_uniforms()
+    layout, stats, greedy, uniforms = plan.layout, plan.stats, plan.greedy, plan.uniforms
     check_method(method, KERNEL_METHODS)
     if draft_probs is not None and draft_logits is not None:
         raise ValueError("pass draft_probs or draft_logits, not both")

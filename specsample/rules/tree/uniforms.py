@@ -91,8 +91,8 @@ def tree_uniforms(
     batch = seeding.batch
     accept = stripe(positions, batch, tests, TREE_STRIDE, device)
     final = stripe(positions, batch, 1, 1, device)
-    drawn = seeding.draw(device, [(Stream.TREE_FINAL, final), (Stream.TREE_ACCEPT, accept)])
-    return drawn.roll(-1, dims=1)
+    parts = [(Stream.TREE_ACCEPT, accept), (Stream.TREE_FINAL, final)]
+    return seeding.draw(device, parts, first_last=True)
 
 
 def traversal_uniforms(
