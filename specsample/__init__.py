@@ -32,10 +32,10 @@ if TYPE_CHECKING:  # the names __getattr__ gives, for type checkers
     from specsample.api import verify_padded as verify_padded
     from specsample.api import verify_tree as verify_tree
     from specsample.backends import BACKENDS as BACKENDS
-    from specsample.metadata import BatchLayout as BatchLayout
     from specsample.methods import METHODS as METHODS
     from specsample.params import Requests as Requests
     from specsample.params import SamplingParams as SamplingParams
+    from specsample.params.metadata import BatchLayout as BatchLayout
     from specsample.rules import VerifyResult as VerifyResult
     from specsample.rules import chain_verify as chain_verify
     from specsample.sampler import RejectionSampler as RejectionSampler
@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # the names __getattr__ gives, for type checkers
 _HOMES = {
     "BACKENDS": "specsample.backends",
     "METHODS": "specsample.methods",
-    "BatchLayout": "specsample.metadata",
+    "BatchLayout": "specsample.params.metadata",
     "RejectionSampler": "specsample.sampler",
     "Requests": "specsample.params",
     "SamplingParams": "specsample.params",

@@ -13,7 +13,7 @@ The definition, which every backend computes bit for bit:
 * **row key** (32 bits): a counter-seeded request reads, for the token at absolute position
   ``t``, ``hash_bits(stream_key(seed, Stream.GUMBEL), t)`` (:func:`specsample.random.hash_bits`);
   any other request draws a 32-bit key ``r`` per step from its generator (or the shared one,
-  :meth:`specsample.random.Seeding.unseeded`), and its ``j``-th row of the step reads
+  :meth:`specsample.params.seeding.Seeding.unseeded`), and its ``j``-th row of the step reads
   ``hash_bits(r, j)``;
 * **token bits**: ``h = mix32((mix32(v ^ key) + key) mod 2**32)`` for token ``v``
   (:func:`specsample.random.mix32`, the lowbias32 mixer);
@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import torch
 
-from specsample.random import Seeding, Stream, hash_bits, mix32
+from specsample.params.seeding import Seeding
+from specsample.random import Stream, hash_bits, mix32
 
 GUMBEL_MAX = 23.0
 """An upper bound of every noise value (the largest is ``-log(-log(1 - 2**-33))``, 22.87)."""

@@ -21,14 +21,14 @@ from __future__ import annotations
 import torch
 
 from specsample import backends
-from specsample.checks import check_step_uniforms
-from specsample.metadata import BatchLayout
 from specsample.methods import METHODS
 from specsample.noise import request_keys, row_keys
 from specsample.params import Requests
+from specsample.params.checks import check_step_uniforms
+from specsample.params.metadata import BatchLayout
+from specsample.params.seeding import Seeding
 from specsample.plan import LogitsStep, Plan, TreeStep
 from specsample.probs import RowStats
-from specsample.random import Seeding
 from specsample.rules.chain import ChainStep, VerifyResult
 from specsample.rules.gumbel import gumbel_probs
 from specsample.rules.tree.structure import TreeVerifyResult

@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 import torch
 
-from specsample.metadata import BatchLayout
 from specsample.params import DraftTree, Requests
+from specsample.params.metadata import BatchLayout
 from specsample.probs import RowStats
 
 

@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 import torch
 
-from specsample.metadata import SamplingMetadata
+from specsample.params.metadata import SamplingMetadata
 
 _CPU_CHUNK_ELEMENTS = 1 << 20
 _DEVICE_CHUNK_ELEMENTS = 1 << 27

@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from specsample import backends, pipeline
-from specsample.checks import (
+from specsample.methods import chain_methods, check_method
+from specsample.params.checks import (
     check_backend,
     check_chain_inputs,
     check_chain_values,
@@ -31,19 +32,18 @@ from specsample.checks import (
     require_data,
     require_tensor,
 )
-from specsample.methods import chain_methods, check_method
+from specsample.params.seeding import (
+    check_position_values,
+    positions_from,
+    require_positions,
+    seeding_from,
+)
 from specsample.random import STEP_STRIDE
 from specsample.rules.typical import (
     DEFAULT_POSTERIOR_ALPHA,
     DEFAULT_POSTERIOR_THRESHOLD,
     check_parameters,
     typical_acceptance,
-)
-from specsample.seeding import (
-    check_position_values,
-    positions_from,
-    require_positions,
-    seeding_from,
 )
 from specsample.stats import VerificationStats
 
@@ -169,7 +169,7 @@ class RejectionSampler(_SpecSampler):
     ----------
     strict_mode : bool
         Also run the costly value checks (ids in range, probabilities finite, non-negative,
-        normalised; see :mod:`specsample.checks`), which synchronise with the device. Shape,
+        normalised; see :mod:`specsample.params.checks`), which synchronise with the device. Shape,
         dtype and device checks always run. Without strict mode, invalid values never crash
         and never produce an id outside ``[0, vocab)`` from the verifier: drafts outside the
         vocabulary are rejected, NaN probabilities reject their draft, and a residual with no

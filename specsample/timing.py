@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from specsample.checks import check_int
+from specsample.params.checks import check_int
 
 
 def synchronize(device: torch.device | None = None) -> None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from specsample.random import STEP_STRIDE, Seeding, Stream, counter_uniform
+from specsample.params.seeding import Seeding
+from specsample.random import STEP_STRIDE, Stream, counter_uniform
 
 
 def stripe(

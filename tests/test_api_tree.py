@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from specsample import Requests, SamplingParams, verify_tree
+from specsample.params.seeding import seeding_from
 from specsample.probs import processed_probs
 from specsample.rules.tree import traversal_verify, tree_verify, tree_verify_greedy
-from specsample.seeding import seeding_from
 
 CPU = torch.device("cpu")
 VOCAB = 6

@@ -1,6 +1,6 @@
 """Bad inputs at the public entry points: a ``TypeError`` or ``ValueError`` naming the argument.
 
-Covers the shared validation of the verifiers, :mod:`specsample.checks` (strict mode in
+Covers the shared validation of the verifiers, :mod:`specsample.params.checks` (strict mode in
 ``tests/test_strict.py``).
 
 One parameter per case (the reliability issue's cases, and the same gaps in neighbouring
@@ -24,15 +24,15 @@ import torch
 from specsample import (
     RejectionSampler,
     TypicalAcceptanceSampler,
-    metadata,
     verify,
     verify_padded,
     verify_tree,
 )
+from specsample.params import metadata
+from specsample.params.seeding import seeding_from
 from specsample.rules.block import block_verify
 from specsample.rules.chain import chain_verify
 from specsample.rules.tree import TreeVerifyResult, tree_verify
-from specsample.seeding import seeding_from
 
 B, K, V, NODES = 2, 3, 5, 4
 META = torch.device("meta")

@@ -20,7 +20,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from specsample import RejectionSampler, verify
 from specsample.kernels.cpu import compiler
-from specsample.random import Seeding, Stream, counter_uniform
+from specsample.params.seeding import Seeding
+from specsample.random import Stream, counter_uniform
 from specsample.uniforms import step_uniforms
 
 SHAPES = [(8, 4, 50), (5, 3, 50), (3, 2, 50), (6, 5, 50)]

@@ -34,10 +34,10 @@ from hypothesis import strategies as st
 from specsample import RejectionSampler, TypicalAcceptanceSampler, verify, verify_padded
 from specsample.api import VerifyOptions
 from specsample.methods import chain_methods, tree_draftings
+from specsample.params.seeding import seeding_from
 from specsample.rules.block import block_verify
 from specsample.rules.chain import chain_verify
 from specsample.rules.tree import tree_verify, tree_verify_greedy
-from specsample.seeding import seeding_from
 
 SCALE = settings().max_examples / 100
 

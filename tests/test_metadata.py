@@ -1,4 +1,5 @@
-"""What a batch asks for (:mod:`specsample.metadata`): its ragged layout and sampling parameters.
+"""What a batch asks for (:mod:`specsample.params.metadata`): its ragged layout and sampling
+parameters.
 
 :class:`BatchLayout` is checked against a direct computation of the flattened rows (request by
 request: its draft rows, then its bonus row), from host counts, CPU tensors and counts treated
@@ -13,8 +14,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specsample import metadata
-from specsample.metadata import GREEDY_BELOW, BatchLayout, SamplingMetadata
+from specsample.params import metadata
+from specsample.params.metadata import GREEDY_BELOW, BatchLayout, SamplingMetadata
 
 CPU = torch.device("cpu")
 COUNTS = st.lists(st.integers(0, 6), max_size=8)

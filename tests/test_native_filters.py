@@ -22,7 +22,7 @@ import torch
 
 from specsample.backends import cpu, eager
 from specsample.kernels.cpu import compiler
-from specsample.metadata import SamplingMetadata
+from specsample.params.metadata import SamplingMetadata
 
 pytestmark = pytest.mark.skipif(not compiler.available(), reason="the CPU backend needs numba")
 

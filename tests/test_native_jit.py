@@ -96,8 +96,7 @@ def test_sources_not_compiled_leave_the_cache_folder(package_copy: Path) -> None
 
 
 KERNEL = (
-    "from specsample.kernels.cpu.compiler import njit\n\n\n@njit\ndef twice(x):\n"
-    "    return 2 * x\n"
+    "from specsample.kernels.cpu.compiler import njit\n\n\n@njit\ndef twice(x):\n    return 2 * x\n"
 )
 
 

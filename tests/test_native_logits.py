@@ -27,7 +27,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from specsample import verify
 from specsample.backends import cpu, eager
 from specsample.kernels.cpu import compiler
-from specsample.metadata import SamplingMetadata
+from specsample.params.metadata import SamplingMetadata
 from specsample.testing import exactness_report
 from tests.test_logits_exactness import (
     _assert_positions,

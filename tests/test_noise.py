@@ -8,7 +8,8 @@ import math
 import torch
 
 from specsample.noise import GUMBEL_MAX, gumbel_noise, request_keys, row_keys
-from specsample.random import Seeding, Stream, hash_bits, stream_key
+from specsample.params.seeding import Seeding
+from specsample.random import Stream, hash_bits, stream_key
 
 CPU = torch.device("cpu")
 

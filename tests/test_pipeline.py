@@ -21,7 +21,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import specsample.random as random_module
-from specsample import RejectionSampler, metadata, verify
+from specsample import RejectionSampler, verify
+from specsample.params import metadata
 from specsample.random import Stream
 
 VOCAB = 12

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from specsample import verify
-from specsample.random import Seeding, Stream, counter_uniform
+from specsample.params.seeding import Seeding
+from specsample.random import Stream, counter_uniform
 from specsample.sampler import RejectionSampler
 from specsample.testing import chi2_sf, draw_inputs, make_family
 

@@ -1,6 +1,6 @@
-"""The randomness arguments of the entry points, validated (:mod:`specsample.seeding`).
+"""The randomness arguments of the entry points, validated (:mod:`specsample.params.seeding`).
 
-Seeds, generators, a caller's :class:`~specsample.random.Seeding` and absolute positions:
+Seeds, generators, a caller's :class:`~specsample.params.seeding.Seeding` and absolute positions:
 every accepted form gives the values it stands for, and every refused one raises a
 ``TypeError`` (wrong type) or ``ValueError`` (wrong value, length, shape or device) whose
 message names the argument. What a Seeding then draws is tested in ``tests/test_random.py``.
@@ -22,10 +22,9 @@ from specsample import (
     verify_padded,
     verify_tree,
 )
-from specsample.random import Seeding
-from specsample.rules.tree import traversal_verify, tree_verify
-from specsample.seeding import (
+from specsample.params.seeding import (
     MAX_POSITION,
+    Seeding,
     check_position_values,
     check_seeding,
     check_seeds,
@@ -33,6 +32,7 @@ from specsample.seeding import (
     require_positions,
     seeding_from,
 )
+from specsample.rules.tree import traversal_verify, tree_verify
 
 CPU = torch.device("cpu")
 

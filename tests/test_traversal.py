@@ -44,7 +44,8 @@ from specsample.methods import (
     tree_method,
     tree_methods,
 )
-from specsample.random import Seeding, Stream, counter_uniform
+from specsample.params.seeding import Seeding, seeding_from
+from specsample.random import Stream, counter_uniform
 from specsample.rules.block import block_verify
 from specsample.rules.tree import (
     TREE_STRIDE,
@@ -54,7 +55,6 @@ from specsample.rules.tree import (
     traversal_verify,
     tree_bounds,
 )
-from specsample.seeding import seeding_from
 from specsample.testing import Family, draw_inputs, make_family
 from tests.test_tree import (
     SHAPES,

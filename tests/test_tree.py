@@ -43,7 +43,8 @@ import pytest
 import torch
 
 from specsample.methods import Drafting, TreeMethod, tree_draftings, tree_method, tree_methods
-from specsample.random import Seeding, Stream, counter_uniform
+from specsample.params.seeding import Seeding, seeding_from
+from specsample.random import Stream, counter_uniform
 from specsample.rules.tree import (
     TREE_STRIDE,
     TreeVerifyResult,
@@ -54,7 +55,6 @@ from specsample.rules.tree import (
     tree_verify_greedy,
 )
 from specsample.rules.tree.verify import _verify
-from specsample.seeding import seeding_from
 from specsample.testing import chi2_sf, detectable_tv
 
 VOCAB = 4
@@ -852,7 +852,7 @@ def test_own_generator_rows_do_not_depend_on_the_batch() -> None:
 
 def test_seeding_arguments_are_checked() -> None:
     """The randomness arguments, as the caller builds the seeding of a tree step
-    (:func:`specsample.seeding.seeding_from`), and the seeding as the rule checks it."""
+    (:func:`specsample.params.seeding.seeding_from`), and the seeding as the rule checks it."""
     tokens, target, draft, parents = _small_batch(2)
     call: Callable[..., TreeVerifyResult] = tree_verify
     args = (target, tokens, parents)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specsample.random import STEP_STRIDE, Seeding, Stream
+from specsample.params.seeding import Seeding
+from specsample.random import STEP_STRIDE, Stream
 from specsample.uniforms import step_uniforms, stripe
 
 CPU = torch.device("cpu")

@@ -30,6 +30,7 @@ from specsample.adapter.weight_formats import (
     int4_parts,
     int4_values,
     same_format,
+    symmetric_groups,
 )
 from specsample.kernels.cpu import compiler
 
@@ -90,16 +91,18 @@ class Int4Int8Weight(QuantizedWeight):
 
     Examples
     --------
-    >>> q = torch.arange(32).remainder(16).repeat(16, 1)
-    >>> weight = Int4Int8Weight(q, torch.full((16, 1), 0.5), torch.ones(16, 1))
-    >>> weight.dequantize()[0, :3].tolist()
-    [-3.0, -2.5, -2.0]
-    >>> float(weight(torch.ones(1, 32))[0, 0])
-    24.0
+    >>> weight = Int4Int8Weight(torch.full((16, 32), 9), torch.ones(16, 1), torch.zeros(16, 1))
+    >>> weight.dequantize()[0, :2].tolist()
+    [1.0, 1.0]
+    >>> x = torch.zeros(1, 32)
+    >>> x[0, :2] = torch.tensor([1.0, 0.25])
+    >>> round(float(weight(x)[0, 0]) * 127)  # 0.25 taken as 32 steps of 1 / 127
+    159
     """
 
     format = "int4a8"
     dtype = torch.float32
+    stored = ("packed", "scales", "offsets")
     group = GROUP_SIZE
 
     def __init__(self, integers: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> None:
@@ -114,18 +117,9 @@ class Int4Int8Weight(QuantizedWeight):
 
     @classmethod
     def from_float(cls, weight: torch.Tensor) -> Int4Int8Weight:
-        """Asymmetric quantization per group of 32 (:func:`affine_groups`), the scales and
-        offsets in float32.
-
-        Parameters
-        ----------
-        weight : torch.Tensor
-            ``[out_features, in_features]`` float; ``in_features`` a multiple of 32.
-
-        Raises
-        ------
-        ValueError
-            ``in_features`` is not a multiple of 32.
+        """Asymmetric quantization per group of 32 inputs, the scales and offsets in float32
+        (:func:`affine_groups`, which raises a :class:`ValueError` unless 32 divides
+        ``in_features``).
         """
         return cls(*affine_groups(weight, GROUP_SIZE, torch.float32))
 
@@ -144,10 +138,6 @@ class Int4Int8Weight(QuantizedWeight):
 
     def dequantize(self) -> torch.Tensor:
         return int4_values(self)
-
-    @property
-    def nbytes(self) -> int:
-        return self.packed.numel() + (self.scales.numel() + self.offsets.numel()) * 4
 
     @classmethod
     def join(cls, parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
@@ -192,6 +182,7 @@ class Int8Int8Weight(QuantizedWeight):
 
     format = "int8a8"
     dtype = torch.float32
+    stored = ("packed", "scales")
 
     def __init__(self, integers: torch.Tensor, scales: torch.Tensor) -> None:
         dots = _dots(self.format)
@@ -213,26 +204,10 @@ class Int8Int8Weight(QuantizedWeight):
     @classmethod
     def from_float(cls, weight: torch.Tensor) -> Int8Int8Weight:
         """Symmetric quantization per group of 32: ``s = max |w| / 127``, ``q = round(w /
-        s)`` (as GGUF's ``Q8_0``, but ``s`` in float32).
-
-        Parameters
-        ----------
-        weight : torch.Tensor
-            ``[out_features, in_features]`` float; ``in_features`` a multiple of 32.
-
-        Raises
-        ------
-        ValueError
-            ``in_features`` is not a multiple of 32.
+        s)``, as GGUF's ``Q8_0`` but ``s`` in float32 (:func:`symmetric_groups`; a
+        :class:`ValueError` where 32 does not divide ``in_features``).
         """
-        rows, columns = weight.shape
-        if columns % GROUP_SIZE:
-            raise ValueError(f"in_features must be a multiple of {GROUP_SIZE}, got {columns}")
-        grouped = weight.detach().to(torch.float32).reshape(rows, -1, GROUP_SIZE)
-        scales = grouped.abs().amax(dim=-1) / 127
-        safe = torch.where(scales > 0, scales, torch.ones_like(scales))
-        integers = torch.round(grouped / safe[..., None]).clamp(-127, 127).to(torch.int8)
-        return cls(integers.reshape(rows, columns), scales)
+        return cls(*symmetric_groups(weight, GROUP_SIZE, torch.float32))
 
     def _matmul(self, rows: torch.Tensor) -> torch.Tensor:
         return _dot_product(self, rows, (self.packed, self.scales, None))
@@ -247,10 +222,6 @@ class Int8Int8Weight(QuantizedWeight):
         return (steps * _channels(self.scales, self.out_features)[..., None]).reshape(
             self.out_features, self.in_features
         )
-
-    @property
-    def nbytes(self) -> int:
-        return self.packed.numel() + self.scales.numel() * 4
 
     @classmethod
     def join(cls, parts: Sequence[QuantizedWeight]) -> QuantizedWeight:

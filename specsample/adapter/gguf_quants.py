@@ -34,6 +34,9 @@ _SHIFTS_1BIT = np.arange(8, dtype=np.uint8)[:, None]
 Decoder = Callable[[np.ndarray, np.ndarray], None]
 """Fills ``out`` (blocks x values, float32) with the values of ``blocks`` (blocks x bytes)."""
 
+_Integers = Callable[[np.ndarray, np.ndarray, int], None]
+"""Writes the integers of ``blocks`` from a byte (the last argument) on into ``out``."""
+
 
 class BlockFormat(NamedTuple):
     """How a GGML type stores its values (:data:`FORMATS`).
@@ -117,24 +120,20 @@ def _offset(blocks: np.ndarray, out: np.ndarray) -> None:
     out += _half(blocks, 2)
 
 
-def _q4_0(blocks: np.ndarray, out: np.ndarray) -> None:
-    _q4(blocks, out, 2)
-    _centred(blocks, out, 8)
+def _block32(integers: _Integers, centre: int | None) -> Decoder:
+    """The decoder of a type of 32 values whose integers ``integers`` reads after the
+    block's float16 header: ``d`` (the ``_0`` types, values ``d * (q - centre)``), or with
+    ``centre`` ``None`` ``d`` and ``m`` (the ``_1`` types, ``d * q + m``)."""
+    start = 4 if centre is None else 2
 
+    def decode(blocks: np.ndarray, out: np.ndarray) -> None:
+        integers(blocks, out, start)
+        if centre is None:
+            _offset(blocks, out)
+        else:
+            _centred(blocks, out, centre)
 
-def _q4_1(blocks: np.ndarray, out: np.ndarray) -> None:
-    _q4(blocks, out, 4)
-    _offset(blocks, out)
-
-
-def _q5_0(blocks: np.ndarray, out: np.ndarray) -> None:
-    _q5(blocks, out, 2)
-    _centred(blocks, out, 16)
-
-
-def _q5_1(blocks: np.ndarray, out: np.ndarray) -> None:
-    _q5(blocks, out, 4)
-    _offset(blocks, out)
+    return decode
 
 
 def _scale_k(out: np.ndarray, scale: np.ndarray, offset: np.ndarray | None = None) -> None:
@@ -198,10 +197,10 @@ FORMATS: dict[str, BlockFormat] = {
     "F16": BlockFormat(1, 2, _f16),
     "BF16": BlockFormat(1, 2, _bf16),
     "Q8_0": BlockFormat(32, 34, _q8_0),
-    "Q4_0": BlockFormat(32, 18, _q4_0),
-    "Q4_1": BlockFormat(32, 20, _q4_1),
-    "Q5_0": BlockFormat(32, 22, _q5_0),
-    "Q5_1": BlockFormat(32, 24, _q5_1),
+    "Q4_0": BlockFormat(32, 18, _block32(_q4, 8)),
+    "Q4_1": BlockFormat(32, 20, _block32(_q4, None)),
+    "Q5_0": BlockFormat(32, 22, _block32(_q5, 16)),
+    "Q5_1": BlockFormat(32, 24, _block32(_q5, None)),
     "Q2_K": BlockFormat(256, 84, _q2_k),
     "Q3_K": BlockFormat(256, 110, _q3_k),
     "Q4_K": BlockFormat(256, 144, _q4_k),
@@ -298,9 +297,9 @@ def int8_groups(data: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
     Parameters
     ----------
     data : numpy.ndarray
-        The tensor's bytes (1-D uint8, :func:`tensor_bytes` long).
+        The bytes of a ``Q8_0`` tensor (1-D uint8, :func:`tensor_bytes` long).
     count : int
-        Its number of values.
+        Its number of values, a multiple of 32.
 
     Returns
     -------

@@ -229,28 +229,23 @@ class CachedLM:
         torch.Tensor
             ``[batch, keep or n, vocab]``.
         """
-        return self._run(self._cache(), input_ids, position_ids, valid, keep, visible)
+        cache = self._cache()
+        fused, boundary = self._route(cache, input_ids)
+        return self._run_by(fused, cache, boundary, input_ids, position_ids, valid, keep, visible)
 
     def _cache(self) -> KVCache:
         if self.cache is None:
             raise RuntimeError("the cache is not started: call reset() first")
         return self.cache
 
-    def _run(
-        self,
-        cache: KVCache,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        valid: torch.Tensor | None,
-        keep: int,
-        visible: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """:meth:`forward` on ``cache``, by the forward :attr:`choice` picks for its rows."""
+    def _route(self, cache: KVCache, input_ids: torch.Tensor) -> tuple[FusedForward | None, Any]:
+        """How a forward of ``input_ids`` on ``cache`` runs: the fused forward if
+        :attr:`choice` picks it for these rows, else ``None`` (the model's own), and the
+        boundary that hands ``cache`` to the model's own forward (``None``: a new one)."""
         fused = self.fused
         if fused is not None and self.choice.model_at(input_ids.numel()):
             fused = None
-        boundary = self._boundary if cache is self.cache else None
-        return self._run_by(fused, cache, boundary, input_ids, position_ids, valid, keep, visible)
+        return fused, self._boundary if cache is self.cache else None
 
     def _run_by(
         self,
@@ -329,7 +324,8 @@ class CachedLM:
         """
         fresh = KVCache(input_ids.shape[0], self.device)
         if input_ids.shape[1]:
-            self._run(fresh, input_ids, position_ids, valid, 1, None)
+            fused, boundary = self._route(fresh, input_ids)
+            self._run_by(fused, fresh, boundary, input_ids, position_ids, valid, 1, None)
         self._cache().join(fresh)
 
     def maybe_compact(self, max_length: int) -> bool:

@@ -105,10 +105,7 @@ def affine_groups(
     ([0, 0, 1], [[2.066666603088379]], [[16.53333282470703]])
     """
     rows, columns = weight.shape
-    if group % 32 or columns % group:
-        raise ValueError(
-            f"group must be a multiple of 32 dividing in_features ({columns}), got {group}"
-        )
+    _check_group(columns, group)
     grouped = weight.detach().to(torch.float32).reshape(rows, columns // group, group)
     low, high = grouped.amin(dim=-1), grouped.amax(dim=-1)
     scales = ((high - low) / 15).to(precision).to(torch.float32)
@@ -119,6 +116,58 @@ def affine_groups(
     return steps.clamp(0, 15).to(torch.int32).reshape(rows, columns), scales, offsets
 
 
+def symmetric_groups(
+    weight: torch.Tensor, group: int | None, precision: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric quantization per group: ``s = max |w| / 127`` (rounded to ``precision``,
+    then held as float32), ``q = round(w / s)`` clamped to ``-127..127``; a group of zeros
+    gets ``s = 0``, ``q = 0``. Then ``w ~ q s``.
+
+    Parameters
+    ----------
+    weight : torch.Tensor
+        ``[out_features, in_features]`` float; ``in_features`` a multiple of ``group``.
+    group : int or None
+        Inputs per group; ``None``: one group per output channel.
+    precision : torch.dtype
+        The dtype the scales are rounded to (``torch.bfloat16``, ``torch.float32``).
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``(q, s)``: ``[out_features, in_features]`` int8 and ``[out_features, groups]``
+        float32.
+
+    Raises
+    ------
+    ValueError
+        ``in_features`` is not a multiple of ``group``.
+
+    Examples
+    --------
+    >>> q, s = symmetric_groups(torch.tensor([[-2.0, 1.0, 0.5, 0.0]]), 2, torch.float32)
+    >>> q.tolist(), (s * 127).tolist()
+    ([[-127, 64, 127, 0]], [[2.0, 0.5]])
+    """
+    rows, columns = weight.shape
+    if group is not None and columns % group:
+        raise ValueError(f"in_features must be a multiple of {group}, got {columns}")
+    shape = (rows, 1, columns) if group is None else (rows, -1, group)
+    grouped = weight.detach().to(torch.float32).reshape(shape)
+    scales = (grouped.abs().amax(dim=-1) / 127).to(precision).to(torch.float32)
+    safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+    integers = torch.round(grouped / safe[..., None]).clamp(-127, 127).to(torch.int8)
+    return integers.reshape(rows, columns), scales
+
+
+def _check_group(columns: int, group: int) -> None:
+    """Raise unless ``group`` is a multiple of 32 dividing ``columns`` (``in_features``)."""
+    if group % 32 or columns % group:
+        raise ValueError(
+            f"group must be a multiple of 32 dividing in_features ({columns}), got {group}"
+        )
+
+
 def check_int4(
     integers: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, group: int
 ) -> None:
@@ -127,10 +176,7 @@ def check_int4(
     if integers.dim() != 2 or integers.dtype.is_floating_point:
         raise TypeError(f"integers must be a 2-D integer tensor, got {integers.dtype}")
     rows, columns = integers.shape
-    if group % 32 or columns % group:
-        raise ValueError(
-            f"group must be a multiple of 32 dividing in_features ({columns}), got {group}"
-        )
+    _check_group(columns, group)
     expected = (rows, columns // group)
     for name, value in (("scales", scales), ("offsets", offsets)):
         if tuple(value.shape) != expected:
@@ -153,6 +199,8 @@ class QuantizedWeight:
     format: ClassVar[str]
     dtype: ClassVar[torch.dtype] = torch.bfloat16
     """The dtype of the product's input and output."""
+    stored: ClassVar[tuple[str, ...]] = ()
+    """The attributes that hold the weight's tensors, whose bytes :attr:`nbytes` counts."""
     out_features: int
     in_features: int
 
@@ -174,8 +222,8 @@ class QuantizedWeight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the weight takes."""
-        raise NotImplementedError
+        """Bytes the weight takes: those of its tensors (:attr:`stored`)."""
+        return sum(getattr(self, name).nbytes for name in self.stored)
 
     @classmethod
     def join(cls, parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
@@ -253,6 +301,7 @@ class Int8Weight(QuantizedWeight):
     """
 
     format = "int8"
+    stored = ("integers", "scales")
 
     def __init__(self, integers: torch.Tensor, scales: torch.Tensor) -> None:
         if integers.dtype != torch.int8 or integers.dim() != 2:
@@ -271,29 +320,22 @@ class Int8Weight(QuantizedWeight):
 
     @classmethod
     def from_float(cls, weight: torch.Tensor) -> Int8Weight:
-        """Symmetric per-channel quantization: ``s = max |w| / 127`` (in bfloat16), ``q =
-        round(w / s)``.
+        """Symmetric per-channel quantization (:func:`symmetric_groups`): ``s = max |w| /
+        127`` (in bfloat16), ``q = round(w / s)``.
 
         Parameters
         ----------
         weight : torch.Tensor
             ``[out_features, in_features]`` float.
         """
-        wide = weight.detach().to(torch.float32)
-        scales = (wide.abs().amax(dim=1) / 127).to(torch.bfloat16).to(torch.float32)
-        safe = torch.where(scales > 0, scales, torch.ones_like(scales))
-        integers = torch.round(wide / safe[:, None]).clamp(-127, 127).to(torch.int8)
-        return cls(integers, scales)
+        integers, scales = symmetric_groups(weight, None, torch.bfloat16)
+        return cls(integers, scales[:, 0])
 
     def _matmul(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int8pack_mm(rows, self.integers, self.scales)
 
     def dequantize(self) -> torch.Tensor:
         return self.integers.to(torch.float32) * self.scales.to(torch.float32)[:, None]
-
-    @property
-    def nbytes(self) -> int:
-        return self.integers.numel() + self.scales.numel() * 2
 
     @classmethod
     def join(cls, parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
@@ -332,6 +374,7 @@ class Int4Weight(QuantizedWeight):
     """
 
     format = "int4"
+    stored = ("packed", "scale_offsets")
 
     def __init__(
         self,
@@ -354,20 +397,8 @@ class Int4Weight(QuantizedWeight):
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, group: int = GROUP_SIZE) -> Int4Weight:
-        """Asymmetric quantization per group (:func:`affine_groups`), the scales and offsets
-        in bfloat16.
-
-        Parameters
-        ----------
-        weight : torch.Tensor
-            ``[out_features, in_features]`` float; ``in_features`` a multiple of ``group``.
-        group : int
-            Inputs per group (a multiple of 32).
-
-        Raises
-        ------
-        ValueError
-            ``in_features`` is not a multiple of ``group``.
+        """Asymmetric quantization per group of ``group`` inputs by :func:`affine_groups`
+        (its parameters and errors), the scales and offsets in bfloat16.
         """
         return cls(*affine_groups(weight, group, torch.bfloat16), group)
 
@@ -394,10 +425,6 @@ class Int4Weight(QuantizedWeight):
 
     def dequantize(self) -> torch.Tensor:
         return int4_values(self)
-
-    @property
-    def nbytes(self) -> int:
-        return self.packed.numel() + self.scale_offsets.numel() * 2
 
     @classmethod
     def join(cls, parts: Sequence[QuantizedWeight]) -> QuantizedWeight:

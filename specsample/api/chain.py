@@ -32,7 +32,9 @@ from typing_extensions import Unpack
 
 from specsample import backends, pipeline
 from specsample.api.options import VerifyOptions, check_names, requests_from
-from specsample.checks import (
+from specsample.methods import METHODS, chain_methods, check_method
+from specsample.params import Ints, Requests
+from specsample.params.checks import (
     check_backend,
     check_flag,
     check_layout_values,
@@ -43,13 +45,11 @@ from specsample.checks import (
     require_data,
     require_tensor,
 )
-from specsample.metadata import BatchLayout
-from specsample.methods import METHODS, chain_methods, check_method
-from specsample.params import Ints, Requests
+from specsample.params.metadata import BatchLayout
+from specsample.params.seeding import check_position_values
 from specsample.plan import LogitsStep, Plan
 from specsample.random import STEP_STRIDE
 from specsample.rules.rows import unit_columns
-from specsample.seeding import check_position_values
 
 
 class VerifyOutput(NamedTuple):
@@ -107,7 +107,7 @@ def verify(
         ``[batch]`` drafts per request, each in ``[0, 255]``: host ints, an integer CPU
         tensor, or an integer tensor on the batch's device together with
         ``max_draft_tokens`` (the sum is ``draft_token_ids``' length); or the layout itself,
-        built once (:meth:`specsample.metadata.BatchLayout.build`) and reused.
+        built once (:meth:`specsample.params.metadata.BatchLayout.build`) and reused.
     draft_probs : torch.Tensor, optional
         ``[total_drafts, vocab]`` the distributions the drafts were sampled from.
     draft_logits : torch.Tensor, optional

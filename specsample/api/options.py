@@ -21,9 +21,9 @@ from typing import Any, TypedDict
 
 import torch
 
-from specsample.metadata import Scalars
 from specsample.params import Ints, Requests, SamplingParams, Seeds
-from specsample.seeding import positions_from, require_positions
+from specsample.params.metadata import Scalars
+from specsample.params.seeding import positions_from, require_positions
 
 
 class RequestOptions(TypedDict, total=False):
@@ -80,7 +80,7 @@ def requests_from(
     ValueError
         Sampling keywords beside ``requests``; ``requests`` of another batch size or device;
         counter-seeded requests without positions (see
-        :func:`specsample.seeding.require_positions`).
+        :func:`specsample.params.seeding.require_positions`).
     """
     given = {name: options[name] for name in SamplingParams.names() if name in options}
     positions = options.get("positions")

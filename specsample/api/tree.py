@@ -15,7 +15,9 @@ from typing_extensions import Unpack
 
 from specsample import backends, pipeline
 from specsample.api.options import RequestOptions, check_names, requests_from
-from specsample.checks import (
+from specsample.methods import check_method, check_traversal_drafting, tree_method, tree_methods
+from specsample.params import DraftTree, Requests
+from specsample.params.checks import (
     check_backend,
     check_draft_rows,
     check_flag,
@@ -28,8 +30,7 @@ from specsample.checks import (
     require_rank,
     require_tensor,
 )
-from specsample.methods import check_method, check_traversal_drafting, tree_method, tree_methods
-from specsample.params import DraftTree, Requests
+from specsample.params.seeding import check_position_values
 from specsample.plan import TreeStep
 from specsample.rules.rows import unit_columns
 from specsample.rules.tree.structure import (
@@ -38,7 +39,6 @@ from specsample.rules.tree.structure import (
     check_tree_values,
     child_table,
 )
-from specsample.seeding import check_position_values
 
 
 def verify_tree(

@@ -38,7 +38,7 @@ import torch
 
 from specsample.backends import eager
 from specsample.kernels.cpu import compiler
-from specsample.metadata import SamplingMetadata
+from specsample.params.metadata import SamplingMetadata
 from specsample.plan import LogitsStep
 from specsample.probs import RowStats
 from specsample.random import hash_chain, hash_uniform_op
@@ -184,10 +184,10 @@ def row_stats(
     if lazy.any():
         stats = stats._replace(lazy=torch.from_numpy(lazy))
     if undecided.any():
-        rows = torch.from_numpy(np.flatnonzero(undecided))
-        processed = eager.row_stats(logits[rows], sampling.rows(rows), need_norm=True)
-        stats.cutoff[rows] = processed.cutoff
-        stats.log_norm[rows] = processed.log_norm
+        close = torch.from_numpy(np.flatnonzero(undecided))
+        processed = eager.row_stats(logits[close], sampling.rows(close), need_norm=True)
+        stats.cutoff[close] = processed.cutoff
+        stats.log_norm[close] = processed.log_norm
     return stats
 
 
@@ -290,7 +290,7 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     if uniforms is None:
         uniforms = torch.empty(batch, 0, dtype=torch.float64)
     kernel(
-        *arrays,
+        arrays,
         _dense(draft[0]),
         _dense(draft[1]),
         _dense(uniforms),
@@ -327,7 +327,7 @@ def verify_gumbel(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     kernel = kernels.gumbel_logits if parallel else kernels.gumbel_logits_serial
     arrays, token_ids, num_accepted = _step_arrays(step)
     kernel(
-        *arrays,
+        arrays,
         _dense(torch.empty(0, dtype=torch.int64) if keys is None else _int64(keys)),
         token_ids.numpy(),
         num_accepted.numpy(),

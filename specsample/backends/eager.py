@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-from specsample.metadata import BatchLayout, SamplingMetadata
+from specsample.params.metadata import BatchLayout, SamplingMetadata
 from specsample.plan import LogitsStep
 from specsample.probs import RowStats, sampling_stats, scaled_logits
 from specsample.probs import row_stats as processed_stats

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from specsample.backends.eager import pad_drafts
-from specsample.metadata import BatchLayout, SamplingMetadata
+from specsample.params.metadata import BatchLayout, SamplingMetadata
 from specsample.probs import request_probs
 from specsample.rules.typical import typical_acceptance
 

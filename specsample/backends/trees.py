@@ -12,7 +12,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import cast
 
-from specsample.checks import check_step_uniforms
+from specsample.params.checks import check_step_uniforms
 from specsample.plan import TreeStep
 from specsample.probs import request_probs
 from specsample.rules.tree import (

@@ -16,8 +16,8 @@ from specsample.bench.contestants import (
 )
 from specsample.bench.inputs import DEFAULT_SHAPES, Shape, check_shape, make_inputs
 from specsample.bench.measure import Flusher, cache_flush_bytes, profile_calls
-from specsample.checks import check_int
 from specsample.kernels.cpu import compiler
+from specsample.params.checks import check_int
 from specsample.stats import expected_acceptance
 from specsample.timing import Stopwatch
 

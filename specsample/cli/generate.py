@@ -68,22 +68,25 @@ from specsample.generate.decoder import speculative_generate, target_generate
 from specsample.generate.policy import PolicyMemory
 from specsample.generate.stats import GenerationInterrupted
 
+_HELP = "generate text with batched speculative decoding"
+"""The command's line in ``specsample --help``."""
+
+_DESCRIPTION = (
+    "Generate from a target causal LM with speculative decoding: a draft model (--draft) or "
+    "prompt lookup (--ngram) proposes k tokens, one target forward scores them and exact "
+    "verification keeps the target's distribution. Without --target, the default pair "
+    "installed under specsample/models/default is used. Generation runs on the CPU, the "
+    "linear layers' weights as --quantize says: by default a model directory in the dtype it "
+    "loads in (float32 for the default pair), and a .gguf file of the llama architecture in "
+    "float32 with its 4-bit weights kept as int4 and its Q8_0 weights as int8 or bfloat16 "
+    "(see --quantize)."
+)
+"""What ``specsample generate --help`` says of the command."""
+
 
 def add_parser(commands: Any) -> None:
     """Add the ``generate`` command to the subparsers ``commands``."""
-    parser = commands.add_parser(
-        "generate",
-        help="generate text with batched speculative decoding",
-        description="Generate from a target causal LM with speculative decoding: a draft model "
-        "(--draft) or prompt lookup (--ngram) proposes k tokens, one target forward scores them "
-        "and exact verification keeps the target's distribution. Without --target, the default "
-        "pair installed under specsample/models/default is used. Generation runs on the CPU, "
-        "the linear layers' weights as --quantize says: by default a model directory in the "
-        "dtype it loads in (float32 for the default pair), and a .gguf file of the llama "
-        "architecture in float32 with its 4-bit weights kept as int4 and its Q8_0 weights "
-        "as int8 or bfloat16 (see --quantize).",
-    )
-    add_arguments(parser)
+    add_arguments(commands.add_parser("generate", help=_HELP, description=_DESCRIPTION))
 
 
 def check(args: argparse.Namespace) -> None:

@@ -163,11 +163,11 @@ def _add_source_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_drafting_arguments(parser: argparse.ArgumentParser) -> None:
     """The drafts per step, the verification rule and the token tree."""
-    parser.add_argument(
+    _add_count(
+        parser,
         "-k",
-        type=int_in_range(1, MAX_K),
-        default=None,
-        help=f"most drafts per step, or with --fixed-k drafts per step (default {DEFAULT_K}, "
+        MAX_K,
+        f"most drafts per step, or with --fixed-k drafts per step (default {DEFAULT_K}, "
         f"at most {MAX_K} and below the target's context; not with --tree, whose depth is "
         "the draft length)",
     )
@@ -215,6 +215,12 @@ def _add_drafting_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_count(parser: argparse.ArgumentParser, flag: str, most: int, help: str) -> None:
+    """Add ``flag``, a count in ``1..most`` that parses to ``None`` when not given: its
+    default depends on other options (:func:`draft_length`, :func:`batch_size`)."""
+    parser.add_argument(flag, type=int_in_range(1, most), default=None, help=help)
+
+
 def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     """Sampling parameters, batch size, length and seed."""
     parser.add_argument(
@@ -241,11 +247,11 @@ def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         help="min-p filter, in [0, 1] (default 0: off)",
     )
-    parser.add_argument(
+    _add_count(
+        parser,
         "--batch-size",
-        type=int_in_range(1, MAX_BATCH_SIZE),
-        default=None,
-        help=f"copies of the prompt decoded together (default 1), or with --input the "
+        MAX_BATCH_SIZE,
+        f"copies of the prompt decoded together (default 1), or with --input the "
         f"sequences decoded at once (default {FILE_BATCH_SIZE}); at most {MAX_BATCH_SIZE}, and "
         f"at most {STEP_VALUES} // ((k + 1) * vocab) at a time, so that a step holds at most "
         f"{STEP_VALUES} logits",

@@ -24,17 +24,21 @@ from typing import Any
 
 from specsample.kernels.cpu import compiler
 
+_HELP = "compile the fused CPU kernels now, once for this machine and user"
+"""The command's line in ``specsample --help``."""
+
+_DESCRIPTION = (
+    "Compile the fused CPU kernels (numba) into the user's cache, or check that the cache "
+    "holds them. Later processes then load them in about a second. The cache is "
+    "$SPECSAMPLE_CACHE_DIR/numba, else $XDG_CACHE_HOME/specsample/numba, else "
+    "~/.cache/specsample/numba."
+)
+"""What ``specsample warm --help`` says of the command."""
+
 
 def add_parser(commands: Any) -> None:
     """Add the ``warm`` command to the subparsers ``commands``."""
-    parser = commands.add_parser(
-        "warm",
-        help="compile the fused CPU kernels now, once for this machine and user",
-        description="Compile the fused CPU kernels (numba) into the user's cache, or check "
-        "that the cache holds them. Later processes then load them in about a second. The "
-        "cache is $SPECSAMPLE_CACHE_DIR/numba, else $XDG_CACHE_HOME/specsample/numba, else "
-        "~/.cache/specsample/numba.",
-    )
+    parser = commands.add_parser("warm", help=_HELP, description=_DESCRIPTION)
     parser.add_argument("--quiet", action="store_true", help="print nothing on success")
 
 

@@ -18,8 +18,8 @@ from specsample.generate.policy import DraftLengthPolicy
 from specsample.generate.state import DecodeState, Prefill
 from specsample.generate.stats import GenerationStats
 from specsample.generate.tree import TreeLayout
-from specsample.metadata import BatchLayout
 from specsample.params import DraftTree
+from specsample.params.metadata import BatchLayout
 
 
 def _prefill(state: DecodeState) -> Prefill:

@@ -40,7 +40,6 @@ import torch
 from typing_extensions import TypedDict, Unpack
 
 from specsample.adapter import CachedLM, vocab_size
-from specsample.checks import check_flag, check_int
 from specsample.generate import inputs
 from specsample.generate.batch import Batch
 from specsample.generate.config import (
@@ -56,7 +55,6 @@ from specsample.generate.policy import PolicyMemory
 from specsample.generate.sampling import SamplingState
 from specsample.generate.stats import GenerationStats
 from specsample.generate.tree import TreeShape
-from specsample.metadata import Scalars
 from specsample.methods import (
     METHODS,
     Drafting,
@@ -67,6 +65,8 @@ from specsample.methods import (
     tree_methods,
 )
 from specsample.params import SamplingParams, Seeds
+from specsample.params.checks import check_flag, check_int
+from specsample.params.metadata import Scalars
 
 MAX_K = 64
 """Most drafts per step. Every step costs ``k`` draft forwards and a target forward over

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specsample.checks import check_int
+from specsample.params.checks import check_int
 
 MAX_NEW_TOKENS = 1 << 20
 """Most tokens one call may generate per prompt (the committed tokens of a batch are kept in

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from specsample.checks import check_int
 from specsample.generate.drafters import Proposal
 from specsample.generate.sampling import SamplingState
 from specsample.generate.state import DecodeState, Prefill
+from specsample.params.checks import check_int
 
 
 class NGramDrafter:

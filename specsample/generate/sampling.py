@@ -1,8 +1,9 @@
 """The sampling parameters of the active sequences: validated once per call, selected by row.
 
 :class:`SamplingState` holds what the requests of the active sequences ask
-(:class:`specsample.params.Requests`: the validated :class:`~specsample.metadata.SamplingMetadata`
-and :class:`~specsample.random.Seeding`), the processing of the draft model's distributions
+(:class:`specsample.params.Requests`: the validated
+:class:`~specsample.params.metadata.SamplingMetadata` and
+:class:`~specsample.params.seeding.Seeding`), the processing of the draft model's distributions
 and the draft randomness. :meth:`SamplingState.build` validates a call's
 :class:`~specsample.params.SamplingParams` once; :meth:`SamplingState.rows` selects the
 sequences a batch holds as they join and leave, without validating the parameters again.
@@ -32,11 +33,11 @@ from dataclasses import replace
 import torch
 
 from specsample.api import verify
-from specsample.metadata import BatchLayout, SamplingMetadata, Scalars
 from specsample.params import Requests, SamplingParams
+from specsample.params.metadata import BatchLayout, SamplingMetadata, Scalars
+from specsample.params.seeding import Seeding, check_seeds, seeding_from
 from specsample.probs import processed_probs
-from specsample.random import STEP_STRIDE, Seeding, Stream
-from specsample.seeding import check_seeds, seeding_from
+from specsample.random import STEP_STRIDE, Stream
 from specsample.uniforms import stripe
 
 DRAFT_STRIDE = STEP_STRIDE

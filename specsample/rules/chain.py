@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from specsample.checks import check_chain_inputs, check_step_uniforms, require_tensor
+from specsample.params.checks import check_chain_inputs, check_step_uniforms, require_tensor
 from specsample.rules.residual import sample_residual
 from specsample.rules.rows import PositionRows
 
@@ -198,7 +198,7 @@ def check_rule_inputs(
     Raises
     ------
     TypeError, ValueError
-        Naming the argument, as :func:`specsample.checks.check_chain_inputs` does (and for
+        Naming the argument, as :func:`specsample.params.checks.check_chain_inputs` does (and for
         ``uniforms``, ``[batch, k + 1]`` float64 on the device of ``target_probs``).
 
     Examples

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import torch
 
-from specsample.checks import check_int
 from specsample.extras import install_command
 from specsample.methods import (
     MAX_SIMULATED_TREE_NODES,
@@ -41,11 +40,12 @@ from specsample.methods import (
     tree_method,
 )
 from specsample.noise import gumbel_noise
+from specsample.params.checks import check_int
+from specsample.params.seeding import seeding_from
 from specsample.rules.block import block_verify
 from specsample.rules.chain import chain_verify
 from specsample.rules.tree import traversal_verify, tree_verify
 from specsample.rules.typical import typical_acceptance
-from specsample.seeding import seeding_from
 from specsample.testing.exact_values import exact_tokens_per_step
 from specsample.testing.families import (
     EXTRA_FAMILIES,

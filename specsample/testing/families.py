@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specsample.checks import check_int
 from specsample.methods import chain_methods, check_method
+from specsample.params.checks import check_int
 
 FAMILIES = ("random", "sparse", "equal", "onehot_draft", "onehot_target", "peaked", "markov")
 """The toy families every exact rule is tested on."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from specsample.checks import check_chain_inputs
+from specsample.params.checks import check_chain_inputs
 
 
 def naive_rejection_sample(

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-from specsample.checks import check_int
+from specsample.params.checks import check_int
 from specsample.testing.families import Family
 
 Verifier = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

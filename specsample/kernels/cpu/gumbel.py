@@ -218,12 +218,7 @@ def _walk(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, lazy: np.nd
 
 @njit(parallel=True)
 def gumbel_logits(
-    target: np.ndarray,
-    stats: np.ndarray,
-    argmax: np.ndarray,
-    lazy: np.ndarray,
-    layout: np.ndarray,
-    ids: np.ndarray,
+    step: tuple,
     keys: np.ndarray,
     token_ids: np.ndarray,
     num_accepted: np.ndarray,
@@ -231,15 +226,10 @@ def gumbel_logits(
 ) -> None:
     """Verify a ragged ``method="gumbel"`` batch into ``token_ids`` and ``num_accepted``.
 
-    - ``target``: ``[rows, vocab]`` float32 logits;
-    - ``stats``: ``[4, rows]`` float32 shift, inverse temperature, cutoff and log-norm of each
-      target row (:func:`specsample.kernels.cpu.logits.row_stats`; the log-norm is not read);
-    - ``argmax``: ``[rows]`` int64;
-    - ``lazy``: ``[rows]`` bool, the rows whose shift and argmax are left to the walk (their
-      values in ``stats`` and ``argmax`` are not read); empty for none;
-    - ``layout``: ``[5, batch]`` int64 drafts, first draft row, first target row, greedy, and
-      the given bonus token (or -1) of each request;
-    - ``ids``: ``[total_drafts]`` int64 drafts;
+    - ``step``: the target logits, their statistics, argmaxes and rows left to the walk,
+      the layout and the drafts, as :func:`specsample.kernels.cpu.logits.chain_logits` takes
+      them (the log-norms are not read; a row left to the walk gets its shift and argmax
+      here);
     - ``keys``: ``[rows]`` int64 row keys in ``[0, 2**32)`` (:attr:`specsample.plan.Plan.keys`;
       empty when every request is greedy);
     - ``token_ids``: ``[batch, max_drafts + 1]`` int64, filled with -1 by the caller;
@@ -253,6 +243,7 @@ def gumbel_logits(
     distribution), unless its bonus token is given and every draft is accepted. Nothing is
     written but the outputs.
     """
+    target, stats, argmax, lazy, layout, ids = step
     batch = layout.shape[1]
     taken = np.zeros(1, np.int64)
     for _ in prange(min(threads, batch)):
@@ -275,9 +266,10 @@ def warm() -> None:
     stats = np.zeros((4, 2), np.float32)
     layout = np.array([[1], [0], [0], [0], [-1]], np.int64)
     for kernel in (gumbel_logits, gumbel_logits_serial):
+        step = (logits, stats, np.zeros(2, np.int64), np.zeros(0, np.bool_), layout,
+                np.zeros(1, np.int64))  # fmt: skip
         kernel(
-            logits, stats, np.zeros(2, np.int64), np.zeros(0, np.bool_), layout,
-            np.zeros(1, np.int64),
+            step,
             np.zeros(2, np.int64), np.full((1, 2), -1, np.int64), np.zeros(1, np.int64), 1,
         )  # fmt: skip
         kernel.disable_compile()

@@ -412,12 +412,7 @@ def emit(token_ids: np.ndarray, num_accepted: np.ndarray, ids: np.ndarray, b: in
 
 @njit(parallel=True)
 def chain_logits(
-    target: np.ndarray,
-    stats: np.ndarray,
-    argmax: np.ndarray,
-    lazy: np.ndarray,
-    layout: np.ndarray,
-    ids: np.ndarray,
+    step: tuple,
     draft: np.ndarray,
     draft_stats: np.ndarray,
     uniforms: np.ndarray,
@@ -426,6 +421,9 @@ def chain_logits(
     threads: int,
 ) -> None:
     """Verify a ragged batch on flattened logits into ``token_ids`` and ``num_accepted``.
+
+    ``step`` holds the arrays every logits kernel reads first (see also
+    :func:`specsample.kernels.cpu.gumbel.gumbel_logits`):
 
     - ``target``: ``[rows, vocab]`` float32 logits;
     - ``stats``: ``[4, rows]`` float32 shift, inverse temperature, cutoff and log-norm of each
@@ -436,7 +434,10 @@ def chain_logits(
       in ``stats`` and ``argmax`` are not read); empty for none;
     - ``layout``: ``[5, batch]`` int64 drafts, first draft row, first target row, greedy,
       and the given bonus token (or -1) of each sequence;
-    - ``ids``: ``[total_drafts]`` int64 drafts;
+    - ``ids``: ``[total_drafts]`` int64 drafts.
+
+    Then:
+
     - ``draft``: ``[total_drafts, vocab]`` probabilities, or logits with their
       ``draft_stats`` ``[4, total_drafts]`` (``[4, 0]`` with probabilities); ``[0, 0]`` for
       one-hot drafts;
@@ -452,6 +453,7 @@ def chain_logits(
     Which thread computes a row's statistics does not change them: the tokens do not depend
     on the threads.
     """
+    target, stats, argmax, lazy, layout, ids = step
     batch = layout.shape[1]
     states = _row_states(lazy, layout, target.shape[0])
     walked = np.zeros(batch, np.int64)
@@ -486,9 +488,9 @@ def warm() -> None:
         stats_kernel.disable_compile()
     for chain in (chain_logits, chain_logits_serial):
         for draft in (np.zeros((1, 4), np.float32), np.zeros((1, 4), np.float64)):
+            step = (logits, stats, argmax, np.zeros(0, np.bool_), layout, np.zeros(1, np.int64))
             chain(
-                logits, stats, argmax, np.zeros(0, np.bool_), layout, np.zeros(1, np.int64), draft,
-                stats,
+                step, draft, stats,
                 np.full((1, 2), 0.5), np.zeros((1, 2), np.int64), np.zeros(1, np.int64), 2,
             )  # fmt: skip
         chain.disable_compile()

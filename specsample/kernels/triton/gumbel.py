@@ -82,16 +82,19 @@ def verify_gumbel(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
 
     Examples
     --------
-    >>> from specsample.kernels import triton as kernels
-    >>> from specsample.backends import eager
-    >>> from specsample.metadata import BatchLayout
-    >>> from specsample.plan import Plan
-    >>> from specsample.probs import row_stats
+    A sampled request with one draft: the keyed noise at the draft row picks the same token
+    as its logit of 50 does, and the bonus row's token follows.
+
+    >>> from specsample import backends, plan, probs
+    >>> from specsample.kernels.triton.launch import supports
+    >>> from specsample.params.metadata import BatchLayout
     >>> logits = torch.tensor([[0.0, 50.0], [50.0, 0.0]])  # a draft row, then the bonus row
-    >>> plan = Plan(BatchLayout.build([1], logits.device), row_stats(logits, torch.ones(2)),
-    ...             torch.tensor([False]), None, keys=torch.tensor([3, 4]))
-    >>> verify = verify_gumbel if kernels.supports(logits) else eager.verify_gumbel
-    >>> verify(LogitsStep(logits, torch.tensor([1]), plan, "gumbel"))
+    >>> stats = probs.row_stats(logits, torch.ones(2))
+    >>> keys = torch.tensor([3, 4])
+    >>> planned = plan.Plan(BatchLayout.build([1], logits.device), stats, torch.tensor([False]),
+    ...                     None, keys=keys)
+    >>> verify = verify_gumbel if supports(logits) else backends.get("torch").gumbel
+    >>> verify(LogitsStep(logits, torch.tensor([1]), planned, "gumbel"))
     (tensor([[1, 0]]), tensor([1]))
     """
     plan, bonus = step.plan, step.bonus_token_ids

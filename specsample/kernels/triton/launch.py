@@ -21,8 +21,8 @@ from typing import Any, NamedTuple
 import torch
 
 from specsample.extras import install_command
-from specsample.metadata import BatchLayout
 from specsample.methods import METHODS, chain_methods
+from specsample.params.metadata import BatchLayout
 from specsample.probs import RowStats
 from specsample.rules.residual import BLOCK
 

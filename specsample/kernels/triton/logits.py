@@ -62,7 +62,7 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     >>> import torch
     >>> from specsample.kernels import triton as kernels
     >>> from specsample.backends import eager
-    >>> from specsample.metadata import BatchLayout
+    >>> from specsample.params.metadata import BatchLayout
     >>> from specsample.plan import Plan
     >>> from specsample.probs import row_stats
     >>> logits = torch.tensor([[0.0, 5.0], [5.0, 0.0]])  # a draft row, then the bonus row

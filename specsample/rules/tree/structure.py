@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from specsample.checks import check_bound, require_data, require_tensor
+from specsample.params.checks import check_bound, require_data, require_tensor
 
 
 class TreeVerifyResult(NamedTuple):

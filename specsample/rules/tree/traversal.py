@@ -73,9 +73,10 @@ from collections.abc import Sequence
 
 import torch
 
-from specsample.checks import check_flag
 from specsample.methods import Drafting, check_traversal_drafting
-from specsample.random import Seeding, inverse_cdf
+from specsample.params.checks import check_flag
+from specsample.params.seeding import Seeding
+from specsample.random import inverse_cdf
 from specsample.rules.tree.structure import (
     TreeVerifyResult,
     check_draft_probs,
@@ -218,9 +219,9 @@ def traversal_verify(
         ``[batch, N]`` float64 in ``[0, 1)`` on the device of ``target_probs``: column
         ``i >= 1`` for the test of node ``i``, column 0 for the final draw (the layout of
         :func:`traversal_uniforms`); drawn when omitted.
-    seeding : specsample.random.Seeding, optional
+    seeding : specsample.params.seeding.Seeding, optional
         Where each request's numbers come from when ``uniforms`` is omitted (``None``:
-        torch's default generator), built by :func:`specsample.seeding.seeding_from`; a
+        torch's default generator), built by :func:`specsample.params.seeding.seeding_from`; a
         seeded request reads :attr:`~specsample.random.Stream.TRAVERSAL` and its output
         depends only on its seed, its position and its own rows.
     positions : torch.Tensor or sequence of int, optional

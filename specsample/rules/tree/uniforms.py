@@ -10,7 +10,7 @@ counter ``pos`` of :attr:`~specsample.random.Stream.TREE_FINAL` for its final dr
 (every step emits a token), so no counter is ever read twice, whatever the tree bounds of
 each step.
 
-A step either draws its numbers from a :class:`~specsample.random.Seeding` at the rows'
+A step either draws its numbers from a :class:`~specsample.params.seeding.Seeding` at the rows'
 positions (:func:`step_source` checks both) or takes the caller's (:func:`given_uniforms`).
 """
 
@@ -20,14 +20,20 @@ from collections.abc import Sequence
 
 import torch
 
-from specsample.checks import check_bound, check_int, check_step_uniforms, check_uniform_values
-from specsample.random import Seeding, Stream
-from specsample.seeding import (
+from specsample.params.checks import (
+    check_bound,
+    check_int,
+    check_step_uniforms,
+    check_uniform_values,
+)
+from specsample.params.seeding import (
+    Seeding,
     check_position_values,
     check_seeding,
     positions_from,
     require_positions,
 )
+from specsample.random import Stream
 from specsample.uniforms import stripe
 
 TREE_STRIDE = 1 << 20

@@ -8,9 +8,10 @@ from collections.abc import Sequence
 
 import torch
 
-from specsample.checks import check_flag
 from specsample.methods import Drafting, TreeMethod, tree_method
-from specsample.random import Seeding, inverse_cdf
+from specsample.params.checks import check_flag
+from specsample.params.seeding import Seeding
+from specsample.random import inverse_cdf
 from specsample.rules.tree.structure import (
     TreeVerifyResult,
     Walk,
@@ -170,9 +171,9 @@ def tree_verify(
     uniforms : torch.Tensor, optional
         ``[batch, max_depth * max_children + 1]`` float64 in ``[0, 1)`` on the device of
         ``target_probs``, laid out as by :func:`tree_uniforms`; drawn when omitted.
-    seeding : specsample.random.Seeding, optional
+    seeding : specsample.params.seeding.Seeding, optional
         Where each request's numbers come from when ``uniforms`` is omitted, built for the
-        batch by :func:`specsample.seeding.seeding_from` from per-request seeds (a seeded
+        batch by :func:`specsample.params.seeding.seeding_from` from per-request seeds (a seeded
         request's output depends only on its seed, its position and its own rows),
         per-request generators (vLLM's ``seeded_seqs``) and a shared generator. ``None``:
         every request on torch's default generator. Not with ``uniforms``.
@@ -213,7 +214,7 @@ def tree_verify(
     >>> tokens = torch.tensor([[-1, 2, 1, 0]])
     >>> target = torch.tensor([[[0.0, 1.0, 0.0], [1.0, 0.0, 0.0],
     ...                         [0.0, 0.0, 1.0], [0.0, 1.0, 0.0]]])
-    >>> from specsample.seeding import seeding_from
+    >>> from specsample.params.seeding import seeding_from
     >>> seeding = seeding_from(1, torch.device("cpu"), seeds=[7])
     >>> out = tree_verify(
     ...     target, tokens, parents, drafting="deterministic", seeding=seeding, positions=[0]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from specsample.metadata import BatchLayout
+from specsample.params.metadata import BatchLayout
 
 PROB_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 """Accepted dtypes of probability tensors."""

@@ -4,12 +4,12 @@
 min-p, where its random numbers come from): plain values, unvalidated. :class:`Requests` is
 the same for one batch, validated once when built (:meth:`Requests.build`) and reused across
 the steps of an unchanged batch: the sampling metadata the target rows are processed with
-(:class:`specsample.metadata.SamplingMetadata`), the random sources
-(:class:`specsample.random.Seeding`) and each request's absolute position, which moves from
+(:class:`specsample.params.metadata.SamplingMetadata`), the random sources
+(:class:`specsample.params.seeding.Seeding`) and each request's absolute position, which moves from
 step to step (:meth:`Requests.at`) without validating the rest again.
 
 The draft layout is the other object a step needs: how many drafts each request has
-(:class:`specsample.metadata.BatchLayout`, for chains), or the tree they form
+(:class:`specsample.params.metadata.BatchLayout`, for chains), or the tree they form
 (:class:`DraftTree`).
 
 Examples
@@ -31,11 +31,10 @@ from typing import NamedTuple
 
 import torch
 
-from specsample.checks import check_bound, require_tensor
-from specsample.metadata import SamplingMetadata, Scalars
 from specsample.methods import check_drafting
-from specsample.random import Seeding
-from specsample.seeding import positions_from, seeding_from
+from specsample.params.checks import check_bound, require_tensor
+from specsample.params.metadata import SamplingMetadata, Scalars
+from specsample.params.seeding import Seeding, positions_from, seeding_from
 
 Seeds = Sequence[int | None] | torch.Tensor
 """Per-request seeds: host ints (``None`` or -1 unseeded) or an integer tensor."""
