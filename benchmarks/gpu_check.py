@@ -14,12 +14,17 @@ Run through ``benchmarks/gpu_check.sh`` (see ``docs/gpu.md``); this is its CUDA 
 3. **no host synchronisation**: forward passes under
    ``torch.cuda.set_sync_debug_mode("error")`` (the ``RejectionSampler`` module with its own
    rules and with the kernel rules swapped in, :func:`specsample.verify`, the kernels'
-   logits path);
-4. **timings** at the benchmark shapes ``(batch, k, vocab)``: the PyTorch chain rule, the
-   Triton chain rule and, when ``flashinfer`` is importable, FlashInfer's
-   ``chain_speculative_sampling``, with time ratios and the bandwidth achieved against the
-   bytes that must be read (one target row and one draft row per sequence); then the
-   logits path end to end.
+   logits path, with a filter and with a temperature alone, whose row statistics the
+   statistics kernel computes);
+4. **timings** (``benchmarks/gpu_timings.py``) at the benchmark shapes ``(batch, k,
+   vocab)``: the PyTorch chain rule, the Triton chain rule and, when ``flashinfer`` is
+   importable, FlashInfer's ``chain_speculative_sampling``, with time ratios and the
+   bandwidth achieved against the bytes that must be read (one target row and one draft row
+   per sequence); the logits path end to end; then the **effective bandwidth** of the
+   probabilities path, the logits path and the row statistics at 64x4x128256 and
+   16x5x151936, in GB/s and as a fraction of the device's peak, PyTorch against Triton in
+   the same run, and vLLM's own rejection sampler on the logits path where
+   ``vllm.v1.sample.rejection_sampler`` is importable.
 
 ``--smoke`` runs every part that does not need CUDA on the CPU under Triton's interpreter
 (it sets ``TRITON_INTERPRET=1`` unless the variable is set) with tiny sizes, to check this
@@ -32,15 +37,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import inspect
 import os
-import statistics
 import sys
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import torch
+from gpu_timings import BANDWIDTH_SHAPES, check_timings, probs_case
 
 from specsample import RejectionSampler, verify
 from specsample.kernels import triton as kernels
@@ -48,7 +51,7 @@ from specsample.probs import processed_probs
 from specsample.rules.block import block_verify
 from specsample.rules.chain import chain_verify
 from specsample.testing import Family, exactness_report, make_family
-from specsample.timing import Stopwatch, per_call
+from specsample.timing import Stopwatch
 
 SHAPES = [
     (1, 4, 32000),
@@ -220,20 +223,10 @@ def _compare(
     report(ok, f"{label}: {rows - len(differ)}/{rows} rows equal, {explained} ties explained")
 
 
-def _probs(batch: int, k: int, vocab: int, device: torch.device, seed: int) -> tuple[Any, ...]:
-    gen = torch.Generator(device=device).manual_seed(seed)
-    q = torch.softmax(torch.randn(batch, k, vocab, device=device, generator=gen) * 3, -1)
-    p = torch.softmax(torch.randn(batch, k, vocab, device=device, generator=gen) * 3, -1)
-    ids = torch.multinomial(p.view(-1, vocab), 1, generator=gen).view(batch, k)
-    bonus = torch.randint(vocab, (batch, 1), device=device, generator=gen)
-    uniforms = torch.rand(batch, k + 1, dtype=torch.float64, device=device, generator=gen)
-    return q, p, ids, bonus, uniforms
-
-
 def check_parity(device: torch.device, shapes: list[tuple[int, int, int]]) -> None:
     print(f"\n== 2. parity of the PyTorch and Triton paths on shared uniforms ({device}) ==")
     for batch, k, vocab in shapes:
-        q, p, ids, bonus, uniforms = _probs(4 * batch, k, vocab, device, seed=vocab + k)
+        q, p, ids, bonus, uniforms = probs_case(4 * batch, k, vocab, device, seed=vocab + k)
         for dtype in (torch.float32, torch.bfloat16):
             qd, pd = q.to(dtype), p.to(dtype)
             for rule, reference_rule in (("chain", chain_verify), ("block", block_verify)):
@@ -246,43 +239,54 @@ def check_parity(device: torch.device, shapes: list[tuple[int, int, int]]) -> No
 
                 label = f"{rule:5} {dtype!s:14} ({4 * batch}, {k}, {vocab})"
                 _compare(label, reference, kernel, uniforms)
-    batch, k, vocab = shapes[len(shapes) // 2]
+    _logits_parity(device, shapes[len(shapes) // 2])
+
+
+def _logits_parity(device: torch.device, shape: tuple[int, int, int]) -> None:
+    """Parity of the logits path on a mixed greedy/sampled ragged batch, with filters (row
+    statistics by PyTorch) and with temperatures alone (by the statistics kernel)."""
+    batch, k, vocab = shape
     gen = torch.Generator(device=device).manual_seed(5)
     counts = [(i % (k + 1)) for i in range(4 * batch)]
     total = sum(counts)
     logits = torch.randn(total + len(counts), vocab, device=device, generator=gen) * 3
     draft_logits = torch.randn(total, vocab, device=device, generator=gen) * 3
     ids = torch.multinomial(torch.softmax(draft_logits, -1), 1, generator=gen).view(-1)
-    params = {
-        "temperature": [0.0 if i % 3 == 0 else 0.7 for i in range(len(counts))],
+    temperature = [0.0 if i % 3 == 0 else 0.7 for i in range(len(counts))]
+    filtered = {
+        "temperature": temperature,
         "top_k": [0 if i % 2 else 50 for i in range(len(counts))],
         "top_p": 0.95,
     }
     uniforms = torch.rand(len(counts), k + 1, dtype=torch.float64, device=device, generator=gen)
-    for method in ("chain", "block"):
-        kernel, _ = kernel_verify(
-            logits,
-            ids,
-            counts,
-            uniforms=uniforms,
-            draft_logits=draft_logits,
-            method=method,
-            **params,
-        )
-
-        def reference(u: torch.Tensor, method: str = method) -> torch.Tensor:
-            return verify(
+    for label, params in (("filtered", filtered), ("temperature", {"temperature": temperature})):
+        for method in ("chain", "block"):
+            kernel, _ = kernel_verify(
                 logits,
                 ids,
                 counts,
+                uniforms=uniforms,
                 draft_logits=draft_logits,
                 method=method,
-                uniforms=u,
-                backend="torch",
                 **params,
-            ).token_ids
+            )
 
-        _compare(f"logits {method:5} mixed greedy/sampled, ragged", reference, kernel, uniforms)
+            def reference(
+                u: torch.Tensor, method: str = method, params: dict[str, Any] = params
+            ) -> torch.Tensor:
+                return verify(
+                    logits,
+                    ids,
+                    counts,
+                    draft_logits=draft_logits,
+                    method=method,
+                    uniforms=u,
+                    backend="torch",
+                    **params,
+                ).token_ids
+
+            name = f"logits {method:5} {label:11} mixed greedy/sampled, ragged"
+            _compare(name, reference, kernel, uniforms)
 
 
 # --------------------------------------------------------------------------------------
@@ -290,58 +294,60 @@ def check_parity(device: torch.device, shapes: list[tuple[int, int, int]]) -> No
 # --------------------------------------------------------------------------------------
 
 
-def check_sync(device: torch.device) -> None:
-    print("\n== 3. no host synchronisation (torch.cuda.set_sync_debug_mode('error')) ==")
+def _sync_cases(device: torch.device) -> list[tuple[str, Callable[[], Any]]]:
+    """The forward passes that must not synchronise, each with its label."""
     batch, k, vocab = 16, 4, 32000
-    q, p, ids, bonus, _ = _probs(batch, k, vocab, device, seed=1)
+    q, p, ids, bonus, _ = probs_case(batch, k, vocab, device, seed=1)
     seeds = torch.arange(batch, device=device)
     counts = [k, 0, 2, k] * (batch // 4)
     total = sum(counts)
     logits = torch.randn(total + len(counts), vocab, device=device)
     draft_probs = torch.softmax(torch.randn(total, vocab, device=device), -1)
     flat_ids = torch.multinomial(draft_probs, 1).view(-1)
-    params = {"temperature": [0.0, 0.8, 1.0, 0.5] * (batch // 4), "top_k": 40, "top_p": 0.9}
+    temperature = [0.0, 0.8, 1.0, 0.5] * (batch // 4)
+    filtered = {"temperature": temperature, "top_k": 40, "top_p": 0.9}
+    logits_args = (logits, flat_ids, counts)
     cases: list[tuple[str, Callable[[], Any]]] = []
     for rule in ("chain", "block"):
-        module = RejectionSampler(method=rule)
         torch_module = RejectionSampler(method=rule, backend="torch")
-        cases.append(
+        module = RejectionSampler(method=rule)
+        triton_module = RejectionSampler(method=rule, backend="triton")
+        cases += [
             (
                 f"RejectionSampler({rule!r}), PyTorch backend",
                 lambda m=torch_module: m(q, bonus, p, ids),
-            )
-        )
-        cases.append(
+            ),
             (
                 f"RejectionSampler({rule!r}), seeded",
                 lambda m=module: m(q, bonus, p, ids, seeds=seeds, positions=seeds),
-            )
-        )
-
-        triton_module = RejectionSampler(method=rule, backend="triton")
-        cases.append(
+            ),
             (
                 f"RejectionSampler({rule!r}), Triton backend",
                 lambda m=triton_module: m(q, bonus, p, ids, seeds=seeds, positions=seeds),
-            )
-        )
-        cases.append(
+            ),
             (
                 f"specsample.verify method={rule!r}",
-                lambda r=rule: verify(
-                    logits, flat_ids, counts, draft_probs=draft_probs, method=r, **params
-                ),
-            )
-        )
-        cases.append(
+                lambda r=rule: verify(*logits_args, draft_probs=draft_probs, method=r, **filtered),
+            ),
             (
                 f"specsample.verify backend='triton' method={rule!r}",
                 lambda r=rule: kernel_verify(
-                    logits, flat_ids, counts, draft_probs=draft_probs, method=r, **params
+                    *logits_args, draft_probs=draft_probs, method=r, **filtered
                 ),
-            )
-        )
-    for label, run in cases:
+            ),
+            (
+                f"specsample.verify backend='triton' method={rule!r}, row-statistics kernel",
+                lambda r=rule: kernel_verify(
+                    *logits_args, draft_probs=draft_probs, method=r, temperature=temperature
+                ),
+            ),
+        ]
+    return cases
+
+
+def check_sync(device: torch.device) -> None:
+    print("\n== 3. no host synchronisation (torch.cuda.set_sync_debug_mode('error')) ==")
+    for label, run in _sync_cases(device):
         run()
         torch.cuda.synchronize(device)
         error = ""
@@ -354,98 +360,6 @@ def check_sync(device: torch.device) -> None:
             torch.cuda.set_sync_debug_mode(0)
         torch.cuda.synchronize(device)
         report(not error, f"{label}{': ' + error if error else ''}")
-
-
-# --------------------------------------------------------------------------------------
-# 4. Timings
-# --------------------------------------------------------------------------------------
-
-
-def _time(run: Callable[[], Any], device: torch.device, iters: int) -> float:
-    """Median seconds per call over three rounds of ``iters`` calls (after warm-up)."""
-    for _ in range(3):
-        run()
-    return statistics.median(per_call(run, calls=iters, device=device) for _ in range(3))
-
-
-def _flashinfer(device: torch.device) -> Callable[..., Any] | None:
-    if device.type != "cuda":
-        return None
-    try:
-        from flashinfer.sampling import chain_speculative_sampling
-    except ImportError:
-        return None
-    return chain_speculative_sampling
-
-
-def _probs_timing(
-    device: torch.device,
-    shape: tuple[int, int, int],
-    iters: int,
-    flashinfer: Callable[..., Any] | None,
-    takes_uniforms: bool,
-) -> str:
-    batch, k, vocab = shape
-    q, p, ids, bonus, uniforms = _probs(batch, k, vocab, device, seed=7)
-    reference = _time(partial(chain_verify, q, p, ids, bonus, uniforms), device, iters)
-    triton_s = _time(
-        partial(kernels.chain_kernel_verify, q, p, ids, bonus, uniforms), device, iters
-    )
-    needed = 2 * batch * vocab * q.element_size()
-    fi_text = f"{'-':>10} {'-':>9}"
-    if flashinfer is not None:
-        bonus_row = torch.softmax(torch.randn(batch, 1, vocab, device=device), -1)
-        target = torch.cat([q, bonus_row], dim=1)
-        ids32 = ids.to(torch.int32)
-        args = (
-            (p, ids32, uniforms.to(torch.float32), target) if takes_uniforms else (p, ids32, target)
-        )
-        try:
-            fi_s = _time(partial(flashinfer, *args), device, iters)
-            fi_text = f"{fi_s * 1e6:8.1f}us {fi_s / triton_s:9.2f}"
-        except Exception as exc:
-            fi_text = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:60]}"
-    return (
-        f"  {batch:>5} {k:>2} {vocab:>6} | {reference * 1e6:7.1f}us {triton_s * 1e6:7.1f}us "
-        f"{reference / triton_s:6.2f}x | {needed / triton_s / 1e9:11.1f} "
-        f"{needed / reference / 1e9:10.1f} | {fi_text}"
-    )
-
-
-def _logits_timing(device: torch.device, shape: tuple[int, int, int], iters: int) -> str:
-    batch, k, vocab = shape
-    logits = torch.randn(batch * (k + 1), vocab, device=device)
-    draft = torch.softmax(torch.randn(batch * k, vocab, device=device), -1)
-    flat_ids = torch.multinomial(draft, 1).view(-1)
-    args = (logits, flat_ids, [k] * batch)
-    kwargs = {"draft_probs": draft, "temperature": 0.8}
-    torch_s = _time(partial(verify, *args, **kwargs), device, iters)
-    kernel_s = _time(partial(kernel_verify, *args, **kwargs), device, iters)
-    return (
-        f"  {batch:>5} {k:>2} {vocab:>6} | {torch_s * 1e6:7.1f}us {kernel_s * 1e6:7.1f}us "
-        f"{torch_s / kernel_s:6.2f}x"
-    )
-
-
-def check_timings(device: torch.device, shapes: list[tuple[int, int, int]], iters: int) -> None:
-    print(f"\n== 4. timings on {device} (median of 3 x {iters} calls, float32) ==")
-    flashinfer = _flashinfer(device)
-    takes_uniforms = False
-    if flashinfer is None:
-        print("  flashinfer not importable: its columns are left out")
-    else:
-        takes_uniforms = "uniform_samples" in inspect.signature(flashinfer).parameters
-    print("  chain rule on probabilities; GB/s against one target and one draft row per sequence")
-    print(
-        f"  {'batch':>5} {'k':>2} {'vocab':>6} | {'pytorch':>9} {'triton':>9} {'speedup':>7} "
-        f"| {'triton GB/s':>11} {'torch GB/s':>10} | {'flashinfer':>10} {'fi/triton':>9}"
-    )
-    for shape in shapes:
-        print(_probs_timing(device, shape, iters, flashinfer, takes_uniforms), flush=True)
-    print("\n  logits path end to end (row statistics included), draft probabilities, T=0.8")
-    print(f"  {'batch':>5} {'k':>2} {'vocab':>6} | {'verify':>9} {'kernels':>9} {'speedup':>7}")
-    for shape in shapes:
-        print(_logits_timing(device, shape, iters), flush=True)
 
 
 def _skipped(reason: str) -> int:
@@ -499,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print("\n== 3. no host synchronisation: needs CUDA, skipped ==")
     if "timings" not in args.skip:
-        check_timings(device, shapes, iters)
+        check_timings(device, shapes, iters, shapes if args.smoke else BANDWIDTH_SHAPES)
     print(f"\n{len(FAILURES)} failed check(s) in {watch.elapsed():.0f} s")
     for line in FAILURES:
         print(f"  FAILED: {line}")

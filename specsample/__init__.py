@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # the names __getattr__ gives, for type checkers
     from specsample.methods import METHODS as METHODS
     from specsample.params import Requests as Requests
     from specsample.params import SamplingParams as SamplingParams
-    from specsample.params.metadata import BatchLayout as BatchLayout
+    from specsample.params.layout import BatchLayout as BatchLayout
     from specsample.rules import VerifyResult as VerifyResult
     from specsample.rules import chain_verify as chain_verify
     from specsample.sampler import RejectionSampler as RejectionSampler
@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # the names __getattr__ gives, for type checkers
 _HOMES = {
     "BACKENDS": "specsample.backends",
     "METHODS": "specsample.methods",
-    "BatchLayout": "specsample.params.metadata",
+    "BatchLayout": "specsample.params.layout",
     "RejectionSampler": "specsample.sampler",
     "Requests": "specsample.params",
     "SamplingParams": "specsample.params",

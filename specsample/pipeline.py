@@ -25,28 +25,28 @@ from specsample.methods import METHODS
 from specsample.noise import request_keys, row_keys
 from specsample.params import Requests
 from specsample.params.checks import check_step_uniforms
-from specsample.params.metadata import BatchLayout
+from specsample.params.layout import BatchLayout
 from specsample.params.seeding import Seeding
 from specsample.plan import LogitsStep, Plan, TreeStep
-from specsample.probs import RowStats
+from specsample.probs import RowNorms
 from specsample.rules.chain import ChainStep, VerifyResult
 from specsample.rules.gumbel import gumbel_probs
 from specsample.rules.tree.structure import TreeVerifyResult
 from specsample.uniforms import step_uniforms
 
 
-def target_stats(
+def target_norms(
     target_logits: torch.Tensor,
     layout: BatchLayout,
     requests: Requests,
     *,
     need_norm: bool,
     backend: str = "torch",
-) -> RowStats:
+) -> RowNorms:
     """``[rows]`` statistics of the target rows, each processed with its request's parameters
     (the normalisers of greedy-only batches only with ``need_norm``), by ``backend``."""
     per_row = requests.sampling.rows(layout.target_request())
-    return backends.get(backend).row_stats(target_logits, per_row, need_norm=need_norm)
+    return backends.get(backend).row_norms(target_logits, per_row, need_norm=need_norm)
 
 
 def step_keys(layout: BatchLayout, requests: Requests, device: torch.device) -> torch.Tensor:
@@ -89,20 +89,20 @@ def plan_logits(
         Plan a ``method="gumbel"`` step: row keys, no uniforms (``uniforms`` is refused).
     """
     sampling = requests.sampling
-    stats = target_stats(target_logits, layout, requests, need_norm=need_norm, backend=backend)
+    norms = target_norms(target_logits, layout, requests, need_norm=need_norm, backend=backend)
     device = target_logits.device
     if keyed:
         if uniforms is not None:
             raise ValueError("uniforms: method='gumbel' reads keyed Gumbel noise, not uniforms")
         keys = None if sampling.all_greedy else step_keys(layout, requests, device)
-        return Plan(layout, stats, sampling.greedy, None, keys=keys)
+        return Plan(layout, norms, sampling.greedy, None, keys=keys)
     if uniforms is not None:
         uniforms = check_step_uniforms(uniforms, layout.batch, layout.max_drafts + 1, device)
-        return Plan(layout, stats, sampling.greedy, None if sampling.all_greedy else uniforms)
+        return Plan(layout, norms, sampling.greedy, None if sampling.all_greedy else uniforms)
     if sampling.all_greedy:
-        return Plan(layout, stats, sampling.greedy, None)
+        return Plan(layout, norms, sampling.greedy, None)
     uniforms = step_uniforms(requests.seeding, layout.max_drafts, device, requests.positions)
-    return Plan(layout, stats, sampling.greedy, uniforms)
+    return Plan(layout, norms, sampling.greedy, uniforms)
 
 
 def run_logits(step: LogitsStep, *, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -191,15 +191,15 @@ def run_tree(step: TreeStep, *, backend: str) -> TreeVerifyResult:
 def emitted_logprobs(
     target_logits: torch.Tensor,
     layout: BatchLayout,
-    stats: RowStats,
+    norms: RowNorms,
     token_ids: torch.Tensor,
     *,
     backend: str,
 ) -> torch.Tensor:
     """``[batch, max_drafts + 1]`` float32 ``log q`` of each emitted token at its own target
-    row (``stats``, with normalisers); NaN at padding."""
+    row (``norms``, with normalisers); NaN at padding."""
     cols = torch.arange(token_ids.shape[-1], device=token_ids.device)
     rows = (layout.target_start.unsqueeze(-1) + cols).clamp_(max=target_logits.shape[0] - 1)
     log_q = backends.get(backend).log_q
-    logprobs = log_q(target_logits, stats, rows, token_ids.clamp(min=0))
+    logprobs = log_q(target_logits, norms, rows, token_ids.clamp(min=0))
     return logprobs.masked_fill_(token_ids < 0, torch.nan)

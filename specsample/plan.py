@@ -14,8 +14,8 @@ from typing import NamedTuple
 import torch
 
 from specsample.params import DraftTree, Requests
-from specsample.params.metadata import BatchLayout
-from specsample.probs import RowStats
+from specsample.params.layout import BatchLayout
+from specsample.probs import RowNorms
 
 
 class Plan(NamedTuple):
@@ -25,7 +25,7 @@ class Plan(NamedTuple):
     ----------
     layout : BatchLayout
         The ragged layout.
-    stats : RowStats
+    norms : RowNorms
         ``[rows]`` statistics of the processed target rows (``log_norm`` may be NaN where
         only greedy requests read the row).
     greedy : torch.Tensor
@@ -40,7 +40,7 @@ class Plan(NamedTuple):
     """
 
     layout: BatchLayout
-    stats: RowStats
+    norms: RowNorms
     greedy: torch.Tensor
     uniforms: torch.Tensor | None
     keys: torch.Tensor | None = None

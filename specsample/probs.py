@@ -19,7 +19,7 @@ thresholds) and ``log_norm`` (the log-sum-exp of the kept ``z``), with ``z`` mea
 the largest logit, ``z = (logits - shift) / T`` (:func:`scaled_logits`): ``q(x) =
 exp(z(x) - log_norm)`` where ``z(x) >= cutoff``, else 0. Measuring from the largest logit
 keeps ``z <= 0``, so no logit and no temperature overflows float32 (a logit of ``3e38`` at
-``T = 0.5`` is as good as any). :func:`row_stats` computes the summary in row chunks, so no
+``T = 0.5`` is as good as any). :func:`row_norms` computes the summary in row chunks, so no
 ``[rows, vocab]`` temporary larger than a chunk exists; :func:`processed_probs`
 materialises the distribution (a reference, and the naive path of the benchmark).
 
@@ -45,7 +45,7 @@ _CPU_CHUNK_ELEMENTS = 1 << 20
 _DEVICE_CHUNK_ELEMENTS = 1 << 27
 
 
-class RowStats(NamedTuple):
+class RowNorms(NamedTuple):
     """Per-row summary of a processed distribution (each ``[rows]``).
 
     Attributes
@@ -57,7 +57,7 @@ class RowStats(NamedTuple):
         distribution (its largest logit is not finite: all ``-inf``, NaN or ``+inf``).
     log_norm : torch.Tensor
         float32 log-sum-exp of the kept ``z`` (``+inf`` for rows without a distribution;
-        ``nan`` when not computed, see ``need_norm`` of :func:`row_stats`).
+        ``nan`` when not computed, see ``need_norm`` of :func:`row_norms`).
     argmax : torch.Tensor
         int64 index of the largest logit (the first one on ties; 0 for a row without a
         distribution).
@@ -106,7 +106,7 @@ def _row_chunks(rows: int, vocab: int, device: torch.device) -> list[tuple[int, 
     return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
-def row_stats(
+def row_norms(
     logits: torch.Tensor,
     inv_temperature: torch.Tensor,
     *,
@@ -115,7 +115,7 @@ def row_stats(
     top_p: torch.Tensor | None = None,
     min_p: torch.Tensor | None = None,
     need_norm: bool = True,
-) -> RowStats:
+) -> RowNorms:
     """Summarise each row's processed distribution, reading the logits once per chunk.
 
     Parameters
@@ -138,13 +138,13 @@ def row_stats(
 
     Returns
     -------
-    RowStats
+    RowNorms
 
     Examples
     --------
     >>> import torch
     >>> logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
-    >>> s = row_stats(logits, torch.ones(1), top_k=torch.tensor([2]), max_top_k=2)
+    >>> s = row_norms(logits, torch.ones(1), top_k=torch.tensor([2]), max_top_k=2)
     >>> s.shift.tolist(), s.cutoff.tolist(), s.argmax.tolist(), round(float(s.log_norm), 4)
     ([3.0], [-1.0], [1], 0.3133)
     """
@@ -173,7 +173,7 @@ def row_stats(
         total = z.exp_().masked_fill_(dropped, 0.0).sum(dim=-1)
         log_norm[start:stop] = torch.where(usable, total.log(), math.inf)
         del z, dropped
-    return RowStats(inv_temperature, cutoff, log_norm, argmax, shift)
+    return RowNorms(inv_temperature, cutoff, log_norm, argmax, shift)
 
 
 def _cutoff(
@@ -208,7 +208,7 @@ def scaled_logits(
 ) -> torch.Tensor:
     """``z = (logits - shift) * inv_temperature`` in float32, 0 where ``logits == shift``.
 
-    ``shift`` is the row's largest logit (see :class:`RowStats`), so ``z <= 0`` never
+    ``shift`` is the row's largest logit (see :class:`RowNorms`), so ``z <= 0`` never
     overflows, whatever the logits and the temperature, and a ``+inf`` logit (the largest)
     has ``z = 0`` while every finite one has ``z = -inf``. The arguments broadcast.
 
@@ -222,19 +222,19 @@ def scaled_logits(
     return z.nan_to_num_(nan=0.0, posinf=0.0, neginf=-math.inf)
 
 
-def sampling_stats(
+def sampling_norms(
     logits: torch.Tensor, sampling: SamplingMetadata, *, need_norm: bool = True
-) -> RowStats:
-    """:func:`row_stats` of each row with the parameters of ``sampling`` (one per row).
+) -> RowNorms:
+    """:func:`row_norms` of each row with the parameters of ``sampling`` (one per row).
 
     Examples
     --------
     >>> import torch
     >>> meta = SamplingMetadata.build(1, torch.device("cpu"), top_k=2)
-    >>> sampling_stats(torch.tensor([[1.0, 3.0, 2.0, 0.0]]), meta).cutoff.tolist()
+    >>> sampling_norms(torch.tensor([[1.0, 3.0, 2.0, 0.0]]), meta).cutoff.tolist()
     [-1.0]
     """
-    return row_stats(
+    return row_norms(
         logits,
         sampling.inv_temperature,
         top_k=sampling.top_k,
@@ -263,7 +263,7 @@ def processed_probs(
         One set of parameters per row, or the ``[rows]`` temperatures (0 gives the one-hot
         distribution of the argmax: greedy) with the filters below.
     top_k, top_p, min_p : torch.Tensor, optional
-        ``[rows]`` filters as in :func:`row_stats` (0, 1 and 0 switch them off); only with
+        ``[rows]`` filters as in :func:`row_norms` (0, 1 and 0 switch them off); only with
         temperatures.
 
     Returns
@@ -291,11 +291,11 @@ def processed_probs(
     if sampling.top_k is None and sampling.top_p is None and sampling.min_p is None:
         probs, argmax = _unfiltered(logits, sampling.inv_temperature)
     else:
-        stats = sampling_stats(logits, sampling)
-        z = scaled_logits(logits, stats.shift[:, None], stats.inv_temperature[:, None])
-        dropped = (z >= stats.cutoff.unsqueeze(-1)).logical_not_()
-        probs = z.sub_(stats.log_norm.unsqueeze(-1)).exp_().masked_fill_(dropped, 0.0)
-        argmax = stats.argmax
+        norms = sampling_norms(logits, sampling)
+        z = scaled_logits(logits, norms.shift[:, None], norms.inv_temperature[:, None])
+        dropped = (z >= norms.cutoff.unsqueeze(-1)).logical_not_()
+        probs = z.sub_(norms.log_norm.unsqueeze(-1)).exp_().masked_fill_(dropped, 0.0)
+        argmax = norms.argmax
     if not sampling.any_greedy:
         return probs
     onehot = torch.nn.functional.one_hot(argmax, logits.shape[-1]).to(torch.float32)
@@ -325,7 +325,7 @@ def _unfiltered(
     """``[rows, vocab]`` probabilities with temperature alone, and ``[rows]`` argmaxes.
 
     The softmax of :func:`scaled_logits` (what :func:`processed_probs` computes through
-    :func:`row_stats` when a filter is on, in fewer passes); a row without a distribution
+    :func:`row_norms` when a filter is on, in fewer passes); a row without a distribution
     (NaN, or nothing above ``-inf``) is all zeros with argmax 0.
     """
     top, index = logits.max(dim=-1)

@@ -36,7 +36,7 @@ def test_the_torch_backend_runs_the_eager_steps() -> None:
         lossy.verify_typical,
         trees.tree_step,
         eager.log_q,
-        eager.row_stats,
+        eager.row_norms,
         eager.verify_gumbel,
     )
     assert backend.prob_rule("chain") is chain_verify
@@ -56,7 +56,7 @@ def test_the_cpu_backend_has_kernels_for_the_chain_rule_and_row_statistics() -> 
     assert cpu_backend.prob_rule("chain") is cpu.fused_chain
     assert cpu_backend.prob_rule("block") is block_verify
     assert cpu_backend.verify_logits is cpu.verify_logits
-    assert cpu_backend.row_stats is cpu.row_stats
+    assert cpu_backend.row_norms is cpu.row_norms
     assert cpu_backend.typical is torch_backend.typical
     assert cpu_backend.tree is torch_backend.tree
 

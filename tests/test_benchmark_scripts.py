@@ -94,7 +94,7 @@ TINY = {
 download (``bench_gguf.py`` is skipped where llama.cpp's binding is not installed);
 ``gpu_check.sh`` runs one kernel test in its CPU part, its GPU part hidden."""
 
-HELPERS = ("generate_contestants.py", "model_loading.py")
+HELPERS = ("generate_contestants.py", "gpu_timings.py", "model_loading.py")
 """Modules of ``benchmarks/`` that scripts import; they run through those scripts."""
 
 RUN = [name for name in SCRIPTS if name not in HELPERS]

@@ -93,14 +93,19 @@ NUDGES = (1e-12, -1e-12, 1e-9, -1e-9, 1e-6, -1e-6)
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
 @pytest.mark.skipif(IN_PROCESS, reason="already running under TRITON_INTERPRET=1")
 def test_kernels_under_the_interpreter() -> None:
-    """Every test of this module, ``test_kernel_masses.py``, ``test_values_and_strides.py`` and
-    ``test_kernels_gumbel.py`` (whose Triton cases need the interpreter), in a fresh process
-    with ``TRITON_INTERPRET=1`` from the start."""
+    """Every test of this module, ``test_kernel_masses.py``, ``test_values_and_strides.py``,
+    ``test_kernels_gumbel.py`` and ``test_kernels_norms.py`` (whose Triton cases need the
+    interpreter), in a fresh process with ``TRITON_INTERPRET=1`` from the start."""
     env = dict(os.environ, TRITON_INTERPRET="1")
     here = os.path.dirname(__file__)
     others = [
         os.path.join(here, f"{name}.py")
-        for name in ("test_kernel_masses", "test_values_and_strides", "test_kernels_gumbel")
+        for name in (
+            "test_kernel_masses",
+            "test_values_and_strides",
+            "test_kernels_gumbel",
+            "test_kernels_norms",
+        )
     ]
     command = [sys.executable, "-m", "pytest", __file__, *others, "-p", "no:cacheprovider"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)

@@ -15,7 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specsample.params import metadata
-from specsample.params.metadata import GREEDY_BELOW, BatchLayout, SamplingMetadata
+from specsample.params.layout import BatchLayout
+from specsample.params.metadata import GREEDY_BELOW, SamplingMetadata
 
 CPU = torch.device("cpu")
 COUNTS = st.lists(st.integers(0, 6), max_size=8)

@@ -4,7 +4,7 @@
 ties and ``-inf`` included, whatever the number of compactions;
 :func:`~specsample.kernels.cpu.filters.top_p_cut` finds the threshold of a cumulative sum over the
 sorted row, and calls a mass within its margin of ``top_p`` undecided. Through
-:func:`specsample.backends.cpu.row_stats`, every filtered row gets PyTorch's own cutoff, value
+:func:`specsample.backends.cpu.row_norms`, every filtered row gets PyTorch's own cutoff, value
 for value, and its log-norm within float32 rounding: on random rows with ties, infinities,
 NaN, ``top_k`` beyond the vocabulary and every mix of filters, including rows the selection
 leaves undecided (which PyTorch then computes). Every test waits for the background
@@ -111,9 +111,9 @@ def _rows(seed: int) -> tuple[torch.Tensor, dict[str, Any]]:
     return logits, kw
 
 
-def _assert_stats_agree(logits: torch.Tensor, sampling: SamplingMetadata) -> None:
-    expected = eager.row_stats(logits, sampling, need_norm=True)
-    got = cpu.row_stats(logits, sampling, need_norm=True)
+def _assert_norms_agree(logits: torch.Tensor, sampling: SamplingMetadata) -> None:
+    expected = eager.row_norms(logits, sampling, need_norm=True)
+    got = cpu.row_norms(logits, sampling, need_norm=True)
     assert torch.equal(got.cutoff.isnan(), expected.cutoff.isnan())
     assert torch.equal(got.cutoff.nan_to_num(), expected.cutoff.nan_to_num())
     assert torch.equal(got.argmax, expected.argmax)
@@ -124,7 +124,7 @@ def _assert_stats_agree(logits: torch.Tensor, sampling: SamplingMetadata) -> Non
 @pytest.mark.parametrize("seed", range(60))
 def test_filtered_rows_get_pytorchs_cutoffs(seed: int) -> None:
     logits, kw = _rows(seed)
-    _assert_stats_agree(logits, SamplingMetadata.build(logits.shape[0], logits.device, **kw))
+    _assert_norms_agree(logits, SamplingMetadata.build(logits.shape[0], logits.device, **kw))
 
 
 def test_undecided_rows_take_pytorchs_statistics(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,12 +135,12 @@ def test_undecided_rows_take_pytorchs_statistics(monkeypatch: pytest.MonkeyPatch
     at_boundary = 1 / (1 + math.exp(-1))
     sampling = SamplingMetadata.build(3, logits.device, top_p=[0.9, at_boundary, 0.9])
     seen: list[int] = []
-    row_stats = eager.row_stats
+    row_norms = eager.row_norms
 
     def recording(rows: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         seen.append(rows.shape[0])
-        return row_stats(rows, *args, **kwargs)
+        return row_norms(rows, *args, **kwargs)
 
-    monkeypatch.setattr(eager, "row_stats", recording)
-    _assert_stats_agree(logits, sampling)
+    monkeypatch.setattr(eager, "row_norms", recording)
+    _assert_norms_agree(logits, sampling)
     assert seen == [3, 1]  # the expected statistics, then the undecided row

@@ -25,7 +25,7 @@ import torch
 
 from specsample import verify
 from specsample.backends import cpu
-from specsample.kernels.cpu import compiler
+from specsample.kernels.cpu import compiler, launch
 from specsample.noise import gumbel_bits, gumbel_noise
 
 pytestmark = pytest.mark.skipif(not compiler.available(), reason="the CPU backend needs numba")
@@ -44,7 +44,7 @@ def threads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     """The threads of the CPU backend's calls: one (the serial kernel), or two sharing the
     requests (the parallel kernel, for every batch of more than one request)."""
     if request.param > 1:
-        monkeypatch.setattr(cpu, "_PARALLEL_ELEMENTS", 0)
+        monkeypatch.setattr(launch, "_PARALLEL_ELEMENTS", 0)
     return int(request.param)
 
 

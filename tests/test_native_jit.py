@@ -154,7 +154,7 @@ def test_the_serial_twin_computes_the_same_and_is_cached_apart() -> None:
     compiler.warm_up()
     for parallel, twin in (
         (chain.chain_rule, chain.chain_rule_serial),
-        (logits.row_stats, logits.row_stats_serial),
+        (logits.row_norms, logits.row_norms_serial),
         (logits.chain_logits, logits.chain_logits_serial),
     ):
         assert twin.py_func.__code__ is parallel.py_func.__code__

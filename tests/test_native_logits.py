@@ -26,7 +26,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from specsample import verify
 from specsample.backends import cpu, eager
-from specsample.kernels.cpu import compiler
+from specsample.kernels.cpu import compiler, launch
 from specsample.params.metadata import SamplingMetadata
 from specsample.testing import exactness_report
 from tests.test_logits_exactness import (
@@ -162,7 +162,7 @@ def test_threads_sharing_the_walks_give_the_same_tokens(
     """Every sampled step on the parallel kernel, where threads take sequences as they free
     up and compute rows ahead of the threads walking them (one sequence included): PyTorch's
     tokens, whichever thread computed a row, in repeated calls."""
-    monkeypatch.setattr(cpu, "_PARALLEL_ELEMENTS", 0)
+    monkeypatch.setattr(launch, "_PARALLEL_ELEMENTS", 0)
     for seed in range(30):
         target, ids, counts, kwargs = _case(seed, draft_kind)
         for _ in range(3):
@@ -183,11 +183,11 @@ def test_a_row_another_thread_is_late_computing_is_computed_privately() -> None:
 
     @njit
     def settle(
-        target: np.ndarray, stats: np.ndarray, states: np.ndarray, row: int, out: np.ndarray
+        target: np.ndarray, norms: np.ndarray, states: np.ndarray, row: int, out: np.ndarray
     ) -> tuple[np.float32, np.ndarray]:
         own = np.empty((4, 1), np.float32)
         argmax = np.zeros(target.shape[0], np.int64)
-        return kernels._settle(target, stats, argmax, states, row, out, own), own
+        return kernels._settle(target, norms, argmax, states, row, out, own), own
 
     target = (torch.randn(2, 3000, generator=torch.Generator().manual_seed(2)) * 3).numpy()
     target[1, 17] = math.nan
@@ -210,7 +210,7 @@ def test_a_row_another_thread_is_late_computing_is_computed_privately() -> None:
 def test_a_large_batch_of_short_rows_shares_its_sequences(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fifty thousand sampled sequences on the parallel kernel: the threads share them (each
     looks for rows to compute ahead only once it has none left), with PyTorch's tokens."""
-    monkeypatch.setattr(cpu, "_PARALLEL_ELEMENTS", 0)
+    monkeypatch.setattr(launch, "_PARALLEL_ELEMENTS", 0)
     gen = torch.Generator().manual_seed(11)
     batch, k, vocab = 50_000, 2, 6
     target = torch.randn(batch * (k + 1), vocab, generator=gen)
@@ -288,13 +288,13 @@ def test_row_statistics_agree_with_pytorch() -> None:
     logits[2] = -math.inf
     logits[3, 8] = math.nan
     sampling = SamplingMetadata.build(6, logits.device, temperature=[0.5, 1.0, 1.0, 2.0, 0.0, 1.5])
-    expected = eager.row_stats(logits, sampling, need_norm=True)
-    full = cpu.row_stats(logits, sampling, need_norm=True)
+    expected = eager.row_norms(logits, sampling, need_norm=True)
+    full = cpu.row_norms(logits, sampling, need_norm=True)
     assert torch.equal(full.argmax, expected.argmax)
     assert torch.equal(full.shift, expected.shift)
     assert torch.equal(full.cutoff.isnan(), expected.cutoff.isnan())
     torch.testing.assert_close(full.log_norm, expected.log_norm, rtol=1e-6, atol=1e-6)
-    lazy = cpu.row_stats(logits, sampling, need_norm=False)
+    lazy = cpu.row_norms(logits, sampling, need_norm=False)
     greedy = sampling.greedy
     assert torch.equal(lazy.argmax[greedy], expected.argmax[greedy])
     assert torch.equal(lazy.shift[greedy], expected.shift[greedy])
@@ -318,7 +318,7 @@ def test_calls_before_compilation_run_the_pytorch_code(monkeypatch: pytest.Monke
         raise AssertionError("the kernel ran before it was ready")
 
     monkeypatch.setattr(compiler, "ready", lambda: False)
-    for name in ("chain_logits", "chain_logits_serial", "row_stats", "row_stats_serial"):
+    for name in ("chain_logits", "chain_logits_serial", "row_norms", "row_norms_serial"):
         monkeypatch.setattr(logits, name, kernel)
     target, ids, counts, kwargs = _case(8, "logits")
     _assert_same(target, ids, counts, **kwargs)

@@ -20,7 +20,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import specsample.params.seeding as seeding_module
 import specsample.random as random_module
+import specsample.uniforms as uniforms_module
 from specsample import RejectionSampler, verify
 from specsample.params import metadata
 from specsample.random import Stream
@@ -123,7 +125,8 @@ def counter_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int
                 log.extend((seed, int(stream), c) for c in row)
         return original(seeds, counters, stream, key=key)
 
-    monkeypatch.setattr(random_module, "counter_uniform", recording)
+    for module in (seeding_module, uniforms_module):  # where the step's numbers are drawn
+        monkeypatch.setattr(module, "counter_uniform", recording)
     yield log
 
 

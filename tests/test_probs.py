@@ -1,4 +1,4 @@
-"""The processed target distribution: :func:`processed_probs` and :func:`row_stats`.
+"""The processed target distribution: :func:`processed_probs` and :func:`row_norms`.
 
 Every filter is checked against a float64 reference written from the definition in
 :mod:`specsample.probs` (temperature, then top-k, then top-p, then min-p; ties at each
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import specsample.probs as probs_module
-from specsample.probs import processed_probs, row_stats
+from specsample.probs import processed_probs, row_norms
 
 
 def _reference(
@@ -181,7 +181,7 @@ def test_greedy_rows_are_one_hot_whatever_the_filters() -> None:
     assert got.tolist() == [[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
 
 
-def _stats_inputs(rows: int, vocab: int) -> dict[str, torch.Tensor]:
+def _norms_inputs(rows: int, vocab: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(11)
     top_k = torch.randint(0, 9, (rows,), generator=gen)
     return {
@@ -198,7 +198,7 @@ def test_chunking_gives_identical_results(
     monkeypatch: pytest.MonkeyPatch, chunk_elements: int
 ) -> None:
     """Row chunks of 1, 1 and 3 rows (vocab 33) give bit-identical statistics and probs."""
-    inputs = _stats_inputs(rows=50, vocab=33)
+    inputs = _norms_inputs(rows=50, vocab=33)
     logits, inv_t = inputs["logits"], inputs["inv_temperature"]
     filters: dict[str, Any] = {
         "top_k": inputs["top_k"],
@@ -206,39 +206,39 @@ def test_chunking_gives_identical_results(
         "min_p": inputs["min_p"],
     }
     max_top_k = int(inputs["top_k"].max())
-    whole = row_stats(logits, inv_t, max_top_k=max_top_k, **filters)
+    whole = row_norms(logits, inv_t, max_top_k=max_top_k, **filters)
     whole_probs = processed_probs(logits, 1.0 / inv_t, **filters)
     monkeypatch.setattr(probs_module, "_CPU_CHUNK_ELEMENTS", chunk_elements)
     assert probs_module._chunk_rows(33, torch.device("cpu")) == max(1, chunk_elements // 33)
-    chunked = row_stats(logits, inv_t, max_top_k=max_top_k, **filters)
+    chunked = row_norms(logits, inv_t, max_top_k=max_top_k, **filters)
     for name, a, b in zip(whole._fields, whole, chunked, strict=True):
         assert (a is None and b is None) or torch.equal(a, b), name
     assert torch.equal(whole_probs, processed_probs(logits, 1.0 / inv_t, **filters))
 
 
 def test_need_norm_false_keeps_the_argmax() -> None:
-    inputs = _stats_inputs(rows=20, vocab=30)
-    full = row_stats(inputs["logits"], inputs["inv_temperature"])
-    lean = row_stats(inputs["logits"], inputs["inv_temperature"], need_norm=False)
+    inputs = _norms_inputs(rows=20, vocab=30)
+    full = row_norms(inputs["logits"], inputs["inv_temperature"])
+    lean = row_norms(inputs["logits"], inputs["inv_temperature"], need_norm=False)
     assert torch.equal(full.argmax, lean.argmax)
     assert torch.equal(full.argmax, inputs["logits"].argmax(dim=-1))
     assert bool(lean.log_norm.isnan().all())
 
 
 def test_log_norm_and_cutoff_describe_the_distribution() -> None:
-    inputs = _stats_inputs(rows=30, vocab=25)
+    inputs = _norms_inputs(rows=30, vocab=25)
     logits, inv_t = inputs["logits"], inputs["inv_temperature"]
     filters: dict[str, Any] = {
         "top_k": inputs["top_k"],
         "top_p": inputs["top_p"],
         "min_p": inputs["min_p"],
     }
-    stats = row_stats(logits, inv_t, max_top_k=int(inputs["top_k"].max()), **filters)
-    assert torch.equal(stats.shift, logits.max(dim=-1).values)
-    z = (logits - stats.shift.unsqueeze(-1)) * inv_t.unsqueeze(-1)
-    kept = z >= stats.cutoff.unsqueeze(-1)
+    norms = row_norms(logits, inv_t, max_top_k=int(inputs["top_k"].max()), **filters)
+    assert torch.equal(norms.shift, logits.max(dim=-1).values)
+    z = (logits - norms.shift.unsqueeze(-1)) * inv_t.unsqueeze(-1)
+    kept = z >= norms.cutoff.unsqueeze(-1)
     log_norm = torch.logsumexp(z.masked_fill(~kept, -math.inf), dim=-1)
-    torch.testing.assert_close(stats.log_norm, log_norm, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(norms.log_norm, log_norm, atol=1e-5, rtol=1e-6)
     probs = processed_probs(logits, 1.0 / inv_t, **filters)
     assert torch.equal(probs > 0, kept)
     torch.testing.assert_close(probs.sum(dim=-1), torch.ones(30), atol=1e-5, rtol=0)
@@ -246,7 +246,7 @@ def test_log_norm_and_cutoff_describe_the_distribution() -> None:
 
 def test_all_minus_inf_row_has_no_distribution() -> None:
     logits = torch.tensor([[-math.inf] * 4, [0.0, -math.inf, 1.0, -math.inf]])
-    stats = row_stats(
+    norms = row_norms(
         logits,
         torch.ones(2),
         top_k=torch.tensor([2, 2]),
@@ -254,8 +254,8 @@ def test_all_minus_inf_row_has_no_distribution() -> None:
         top_p=torch.tensor([0.9, 0.9]),
         min_p=torch.tensor([0.1, 0.1]),
     )
-    assert stats.log_norm[0] == math.inf
-    assert math.isfinite(float(stats.log_norm[1]))
+    assert norms.log_norm[0] == math.inf
+    assert math.isfinite(float(norms.log_norm[1]))
     options: list[dict[str, Any]] = [
         {},
         {"top_k": torch.tensor([2, 2]), "top_p": torch.tensor([0.5, 0.5])},
@@ -271,7 +271,7 @@ def test_all_minus_inf_row_has_no_distribution() -> None:
 
 def test_nan_row_has_infinite_log_norm() -> None:
     logits = torch.tensor([[0.0, math.nan, 1.0]])
-    assert row_stats(logits, torch.ones(1)).log_norm[0] == math.inf
+    assert row_norms(logits, torch.ones(1)).log_norm[0] == math.inf
 
 
 def test_nan_row_has_probability_zero_everywhere() -> None:
@@ -281,7 +281,7 @@ def test_nan_row_has_probability_zero_everywhere() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_logits_match_float32(dtype: torch.dtype) -> None:
-    inputs = _stats_inputs(rows=12, vocab=40)
+    inputs = _norms_inputs(rows=12, vocab=40)
     logits = inputs["logits"].to(dtype)
     filters: dict[str, Any] = {
         "top_k": inputs["top_k"],

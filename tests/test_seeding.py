@@ -93,7 +93,9 @@ def test_check_seeding_takes_none_or_a_seeding_built_for_the_batch() -> None:
     assert fresh.batch == 3 and fresh.seeds is None and fresh.generators == ()
     built = seeding_from(3, CPU, seeds=[1, 2, 3])
     assert check_seeding(built, 3, CPU) is built
-    with pytest.raises(TypeError, match=r"seeding must be a specsample\.random\.Seeding or None"):
+    with pytest.raises(
+        TypeError, match=r"seeding must be a specsample\.params\.seeding\.Seeding or None"
+    ):
         check_seeding([1, 2, 3], 3, CPU)
     with pytest.raises(ValueError, match="seeding has 3 rows but the batch has 2"):
         check_seeding(built, 2, CPU)

@@ -37,15 +37,18 @@ from specsample.params import Ints, Requests
 from specsample.params.checks import (
     check_backend,
     check_flag,
-    check_layout_values,
-    check_logits_inputs,
     check_logits_tensors,
     check_logits_values,
     check_uniform_values,
     require_data,
     require_tensor,
 )
-from specsample.params.metadata import BatchLayout
+from specsample.params.layout import (
+    BatchLayout,
+    check_layout_values,
+    check_logits_inputs,
+    step_layout,
+)
 from specsample.params.seeding import check_position_values
 from specsample.plan import LogitsStep, Plan
 from specsample.random import STEP_STRIDE
@@ -107,7 +110,7 @@ def verify(
         ``[batch]`` drafts per request, each in ``[0, 255]``: host ints, an integer CPU
         tensor, or an integer tensor on the batch's device together with
         ``max_draft_tokens`` (the sum is ``draft_token_ids``' length); or the layout itself,
-        built once (:meth:`specsample.params.metadata.BatchLayout.build`) and reused.
+        built once (:meth:`specsample.params.layout.BatchLayout.build`) and reused.
     draft_probs : torch.Tensor, optional
         ``[total_drafts, vocab]`` the distributions the drafts were sampled from.
     draft_logits : torch.Tensor, optional
@@ -203,7 +206,7 @@ def verify(
     needs_bonus_rows = "method='typical'" if method == "typical" else None
     if return_logprobs:
         needs_bonus_rows = "return_logprobs"
-    layout, bonus = _layout(
+    layout, bonus = step_layout(
         target_logits,
         draft_token_ids,
         num_draft_tokens,
@@ -216,7 +219,7 @@ def verify(
     if strict:
         _strict_checks(target_logits, draft_token_ids, drafts, layout, bonus, requests.positions)
     uniforms = options.get("uniforms")
-    stats = None
+    norms = None
     if method == "typical":
         if uniforms is not None:
             raise ValueError("uniforms: method='typical' draws no random numbers")
@@ -238,14 +241,14 @@ def verify(
             target_logits, draft_token_ids, plan, method, bonus_token_ids=bonus, **drafts
         )
         token_ids, num_accepted = pipeline.run_logits(step, backend=chosen)
-        stats = plan.stats
+        norms = plan.norms
     if not return_logprobs:
         return VerifyOutput(token_ids, num_accepted, None)
-    if stats is None:
-        stats = pipeline.target_stats(
+    if norms is None:
+        norms = pipeline.target_norms(
             target_logits, layout, requests, need_norm=True, backend=chosen
         )
-    logprobs = pipeline.emitted_logprobs(target_logits, layout, stats, token_ids, backend=chosen)
+    logprobs = pipeline.emitted_logprobs(target_logits, layout, norms, token_ids, backend=chosen)
     return VerifyOutput(token_ids, num_accepted, logprobs)
 
 
@@ -316,76 +319,6 @@ def _strict_checks(
     vocab = target_logits.shape[1]
     if bonus is not None and bool(((bonus < 0) | (bonus >= vocab)).any()):
         raise ValueError(f"bonus_token_ids must lie in [0, {vocab})")
-
-
-def _layout(
-    target_logits: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    num_draft_tokens: Ints | BatchLayout,
-    bonus_token_ids: torch.Tensor | None,
-    max_draft_tokens: int | None,
-    needs_bonus_rows: str | None,
-) -> tuple[BatchLayout, torch.Tensor | None]:
-    """The batch layout, and the given bonus ids as ``[batch]`` int64 (or ``None``).
-
-    ``needs_bonus_rows`` names what needs the bonus rows (to refuse ``bonus_token_ids``).
-    """
-    if isinstance(num_draft_tokens, BatchLayout):
-        layout = _given_layout(num_draft_tokens, bonus_token_ids, max_draft_tokens)
-    else:
-        layout = BatchLayout.build(
-            num_draft_tokens,
-            target_logits.device,
-            total_drafts=draft_token_ids.shape[0],
-            max_drafts=max_draft_tokens,
-            bonus_rows=bonus_token_ids is None,
-        )
-    if layout.max_drafts >= STEP_STRIDE:
-        name = "num_draft_tokens" if max_draft_tokens is None else "max_draft_tokens"
-        raise ValueError(
-            f"{name}: a request may have at most {STEP_STRIDE - 1} drafts, got {layout.max_drafts}"
-        )
-    if layout.total_drafts != draft_token_ids.shape[0]:
-        raise ValueError(
-            f"num_draft_tokens adds up to {layout.total_drafts} "
-            f"but draft_token_ids has {draft_token_ids.shape[0]} entries"
-        )
-    bonus = _bonus_ids(bonus_token_ids, layout.batch, target_logits.device)
-    if needs_bonus_rows is not None and bonus is not None:
-        raise ValueError(
-            f"{needs_bonus_rows} needs the bonus rows: pass them instead of bonus_token_ids"
-        )
-    return layout, bonus
-
-
-def _given_layout(
-    layout: BatchLayout, bonus_token_ids: torch.Tensor | None, max_draft_tokens: int | None
-) -> BatchLayout:
-    """A layout passed as ``num_draft_tokens``, checked against the other arguments."""
-    if max_draft_tokens is not None:
-        raise ValueError("pass max_draft_tokens to BatchLayout.build, not beside a layout")
-    if layout.bonus_rows != (bonus_token_ids is None):
-        has = "has" if layout.bonus_rows else "has no"
-        raise ValueError(
-            f"num_draft_tokens is a layout that {has} bonus rows, which does not match "
-            f"bonus_token_ids={'None' if bonus_token_ids is None else 'a tensor'}"
-        )
-    return layout
-
-
-def _bonus_ids(value: object, batch: int, device: torch.device) -> torch.Tensor | None:
-    if value is None:
-        return None
-    ids = require_tensor("bonus_token_ids", value)
-    if ids.shape not in ((batch,), (batch, 1)):
-        raise ValueError(
-            f"bonus_token_ids must have shape ({batch},) or ({batch}, 1), got {tuple(ids.shape)}"
-        )
-    if ids.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"bonus_token_ids must be int64 or int32, got {ids.dtype}")
-    if ids.device != device:
-        raise ValueError(f"bonus_token_ids is on {ids.device} but target_logits is on {device}")
-    return ids.reshape(batch).to(torch.int64)
 
 
 def verify_padded(

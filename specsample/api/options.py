@@ -23,7 +23,8 @@ import torch
 
 from specsample.params import Ints, Requests, SamplingParams, Seeds
 from specsample.params.metadata import Scalars
-from specsample.params.seeding import positions_from, require_positions
+from specsample.params.requests import checked_requests
+from specsample.params.seeding import require_positions
 
 
 class RequestOptions(TypedDict, total=False):
@@ -88,33 +89,6 @@ def requests_from(
         params = SamplingParams(**given)
         built = Requests.build(batch, device, params, positions=positions, strict=strict)
     else:
-        built = _moved(requests, given, positions, batch, device)
+        built = checked_requests(requests, given, positions, batch, device)
     require_positions(built.seeding, built.positions)
     return built
-
-
-def _moved(
-    requests: object,
-    given: Mapping[str, object],
-    positions: Ints | None,
-    batch: int,
-    device: torch.device,
-) -> Requests:
-    """A caller's ``requests``, checked against the batch and the other keywords ``given``,
-    at ``positions`` when given."""
-    if not isinstance(requests, Requests):
-        raise TypeError(f"requests must be a Requests, got {type(requests).__name__}")
-    if given:
-        raise ValueError(
-            f"pass the sampling parameters in requests or as keywords, not both: got requests "
-            f"and {sorted(given)}"
-        )
-    if requests.batch != batch:
-        raise ValueError(f"requests has {requests.batch} requests but the batch has {batch}")
-    if requests.sampling.greedy.device != device:
-        raise ValueError(
-            f"requests is on {requests.sampling.greedy.device} but the batch is on {device}"
-        )
-    if positions is None:
-        return requests
-    return requests.at(positions_from(positions, batch, device))

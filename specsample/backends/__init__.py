@@ -43,7 +43,7 @@ from specsample.backends import cpu, eager, lossy, trees, triton
 from specsample.extras import install_command
 from specsample.kernels import triton as kernels
 from specsample.kernels.cpu import compiler
-from specsample.probs import RowStats
+from specsample.probs import RowNorms
 from specsample.rules.chain import PaddedRule
 from specsample.rules.tree.structure import TreeVerifyResult
 
@@ -71,9 +71,9 @@ class Backend(NamedTuple):
         A tree step (:func:`specsample.backends.trees.tree_step`).
     log_q : callable
         ``log q`` of tokens at target rows (:func:`specsample.backends.eager.log_q`).
-    row_stats : callable
-        ``row_stats(logits, sampling, need_norm=...)``: the statistics of processed rows
-        that a step's plan holds (:func:`specsample.backends.eager.row_stats`).
+    row_norms : callable
+        ``row_norms(logits, sampling, need_norm=...)``: the statistics of processed rows
+        that a step's plan holds (:func:`specsample.backends.eager.row_norms`).
     gumbel : callable
         A ``method="gumbel"`` step on flattened logits after its plan (the PyTorch one:
         :func:`specsample.backends.eager.verify_gumbel`).
@@ -84,7 +84,7 @@ class Backend(NamedTuple):
     typical: Step
     tree: Callable[..., TreeVerifyResult]
     log_q: Callable[..., torch.Tensor]
-    row_stats: Callable[..., RowStats]
+    row_norms: Callable[..., RowNorms]
     gumbel: Step
 
 
@@ -95,7 +95,7 @@ _BACKENDS = {
         lossy.verify_typical,
         trees.tree_step,
         eager.log_q,
-        eager.row_stats,
+        eager.row_norms,
         eager.verify_gumbel,
     ),
     "triton": Backend(
@@ -104,7 +104,7 @@ _BACKENDS = {
         lossy.verify_typical,
         trees.tree_step,
         eager.log_q,
-        eager.row_stats,
+        triton.row_norms,
         triton.verify_gumbel,
     ),
     "cpu": Backend(
@@ -113,7 +113,7 @@ _BACKENDS = {
         lossy.verify_typical,
         trees.tree_step,
         eager.log_q,
-        cpu.row_stats,
+        cpu.row_norms,
         cpu.verify_gumbel,
     ),
 }

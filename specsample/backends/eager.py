@@ -12,10 +12,11 @@ from typing import NamedTuple
 
 import torch
 
-from specsample.params.metadata import BatchLayout, SamplingMetadata
+from specsample.params.layout import BatchLayout
+from specsample.params.metadata import SamplingMetadata
 from specsample.plan import LogitsStep
-from specsample.probs import RowStats, sampling_stats, scaled_logits
-from specsample.probs import row_stats as processed_stats
+from specsample.probs import RowNorms, sampling_norms, scaled_logits
+from specsample.probs import row_norms as processed_norms
 from specsample.rules.block import (
     block_length,
     block_verify,
@@ -92,24 +93,24 @@ class Step(NamedTuple):
     drafts: Drafts
 
 
-def row_stats(
+def row_norms(
     logits: torch.Tensor, sampling: SamplingMetadata, *, need_norm: bool = False
-) -> RowStats:
+) -> RowNorms:
     """The statistics of ``[rows, vocab]`` logits, each row processed with its parameters in
-    ``sampling`` (:func:`specsample.probs.sampling_stats`): the normalisers of every row when
+    ``sampling`` (:func:`specsample.probs.sampling_norms`): the normalisers of every row when
     a request samples or with ``need_norm``, else the argmaxes alone.
 
     Examples
     --------
     >>> meta = SamplingMetadata.build(1, torch.device("cpu"), temperature=0.0)
-    >>> row_stats(torch.tensor([[1.0, 3.0]]), meta).log_norm.isnan().tolist()
+    >>> row_norms(torch.tensor([[1.0, 3.0]]), meta).log_norm.isnan().tolist()
     [True]
     """
-    return sampling_stats(logits, sampling, need_norm=need_norm or not sampling.all_greedy)
+    return sampling_norms(logits, sampling, need_norm=need_norm or not sampling.all_greedy)
 
 
 def log_q(
-    logits: torch.Tensor, stats: RowStats, rows: torch.Tensor, ids: torch.Tensor
+    logits: torch.Tensor, norms: RowNorms, rows: torch.Tensor, ids: torch.Tensor
 ) -> torch.Tensor:
     """``log q(ids)`` at target ``rows`` (same shape), ``-inf`` where the token is filtered.
 
@@ -117,12 +118,12 @@ def log_q(
     --------
     >>> import torch
     >>> logits = torch.tensor([[0.0, 0.0]])
-    >>> s = processed_stats(logits, torch.ones(1))
+    >>> s = processed_norms(logits, torch.ones(1))
     >>> log_q(logits, s, torch.tensor([0]), torch.tensor([1])).exp().tolist()
     [0.5]
     """
-    z = scaled_logits(logits[rows, ids], stats.shift[rows], stats.inv_temperature[rows])
-    return torch.where(z >= stats.cutoff[rows], z - stats.log_norm[rows], -torch.inf)
+    z = scaled_logits(logits[rows, ids], norms.shift[rows], norms.inv_temperature[rows])
+    return torch.where(z >= norms.cutoff[rows], z - norms.log_norm[rows], -torch.inf)
 
 
 def pad_drafts(
@@ -167,8 +168,8 @@ def _draft_side(
         return ProbRows(draft_probs), draft_probs[index, ids].to(torch.float64)
     if draft_logits is not None and draft_logits.shape[0]:
         ones = torch.ones(draft_logits.shape[0], device=draft_logits.device)
-        stats = processed_stats(draft_logits, ones)
-        return LogitRows(draft_logits, stats), log_q(draft_logits, stats, index, ids).exp().double()
+        norms = processed_norms(draft_logits, ones)
+        return LogitRows(draft_logits, norms), log_q(draft_logits, norms, index, ids).exp().double()
     return None, torch.ones(ids.shape, dtype=torch.float64, device=ids.device)
 
 
@@ -190,25 +191,25 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     --------
     >>> from specsample.plan import Plan
     >>> logits = torch.tensor([[0.0, 5.0], [5.0, 0.0]])  # a draft row, then the bonus row
-    >>> plan = Plan(BatchLayout.build([1], logits.device), processed_stats(logits, torch.ones(2)),
+    >>> plan = Plan(BatchLayout.build([1], logits.device), processed_norms(logits, torch.ones(2)),
     ...             torch.tensor([True]), None)
     >>> verify_logits(LogitsStep(logits, torch.tensor([1]), plan))
     (tensor([[1, 0]]), tensor([1]))
     """
     target_logits, draft_token_ids, plan, method, draft_probs, draft_logits, bonus_token_ids = step
-    layout, stats, greedy, uniforms = plan.layout, plan.stats, plan.greedy, plan.uniforms
+    layout, norms, greedy, uniforms = plan.layout, plan.norms, plan.greedy, plan.uniforms
     if not layout.max_drafts:
-        return _plain_step(target_logits, layout, stats, greedy, uniforms, bonus_token_ids)
+        return _plain_step(target_logits, layout, norms, greedy, uniforms, bonus_token_ids)
     rows = target_logits.shape[0]
     drafts = pad_drafts(draft_token_ids, layout, target_logits.shape[-1], rows)
-    usable = ~torch.isnan(stats.cutoff[drafts.target_rows])
-    greedy_ok = (drafts.ids == stats.argmax[drafts.target_rows]) & usable
+    usable = ~torch.isnan(norms.cutoff[drafts.target_rows])
+    greedy_ok = (drafts.ids == norms.argmax[drafts.target_rows]) & usable
     num_accepted = count_accepted(greedy_ok & drafts.valid)
-    final = stats.argmax[(layout.target_start + num_accepted).clamp_(max=max(rows - 1, 0))]
+    final = norms.argmax[(layout.target_start + num_accepted).clamp_(max=max(rows - 1, 0))]
     if uniforms is not None:
         source, p_at = _draft_side(draft_probs, draft_logits, drafts)
-        q_at = log_q(target_logits, stats, drafts.target_rows, drafts.safe_ids).exp().double()
-        target = LogitRows(target_logits, stats)
+        q_at = log_q(target_logits, norms, drafts.target_rows, drafts.safe_ids).exp().double()
+        target = LogitRows(target_logits, norms)
         rule = _block_step if method == "block" and layout.total_drafts else _chain_step
         sampled, drawn = rule(Step(target, source, q_at, p_at, uniforms, layout, drafts))
         num_accepted = torch.where(greedy, num_accepted, sampled)
@@ -230,21 +231,21 @@ def verify_gumbel(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     --------
     >>> from specsample.plan import Plan
     >>> logits = torch.tensor([[0.0, 50.0], [50.0, 0.0]])  # a draft row, then the bonus row
-    >>> stats = processed_stats(logits, torch.ones(2))
-    >>> plan = Plan(BatchLayout.build([1], logits.device), stats, torch.tensor([False]), None,
+    >>> norms = processed_norms(logits, torch.ones(2))
+    >>> plan = Plan(BatchLayout.build([1], logits.device), norms, torch.tensor([False]), None,
     ...             keys=torch.tensor([3, 4]))
     >>> verify_gumbel(LogitsStep(logits, torch.tensor([1]), plan, "gumbel"))
     (tensor([[1, 0]]), tensor([1]))
     """
     target_logits, plan, bonus_token_ids = step.target_logits, step.plan, step.bonus_token_ids
-    layout, stats = plan.layout, plan.stats
-    tokens = stats.argmax
+    layout, norms = plan.layout, plan.norms
+    tokens = norms.argmax
     if plan.keys is not None:
-        drawn = gumbel_argmax(target_logits, stats, plan.keys)
+        drawn = gumbel_argmax(target_logits, norms, plan.keys)
         tokens = torch.where(plan.greedy[layout.target_request()], tokens, drawn)
     rows = target_logits.shape[0]
     drafts = pad_drafts(step.draft_token_ids, layout, target_logits.shape[-1], rows)
-    usable = ~torch.isnan(stats.cutoff[drafts.target_rows])
+    usable = ~torch.isnan(norms.cutoff[drafts.target_rows])
     matched = (drafts.ids == tokens[drafts.target_rows]) & usable & drafts.valid
     num_accepted = count_accepted(matched[:, : layout.max_drafts])
     final = tokens[(layout.target_start + num_accepted).clamp_(max=max(rows - 1, 0))]
@@ -264,7 +265,7 @@ def _emit(ids: torch.Tensor, num_accepted: torch.Tensor, last: torch.Tensor) -> 
 def _plain_step(
     target_logits: torch.Tensor,
     layout: BatchLayout,
-    stats: RowStats,
+    norms: RowNorms,
     greedy: torch.Tensor,
     uniforms: torch.Tensor | None,
     bonus_token_ids: torch.Tensor | None,
@@ -280,9 +281,9 @@ def _plain_step(
         final = bonus_token_ids.to(torch.int64).view(-1)
     else:
         rows = layout.target_start.clamp(max=max(target_logits.shape[0] - 1, 0))
-        final = stats.argmax[rows]
+        final = norms.argmax[rows]
         if uniforms is not None:
-            drawn = sample_rows(LogitRows(target_logits, stats), rows, uniforms[:, -1])
+            drawn = sample_rows(LogitRows(target_logits, norms), rows, uniforms[:, -1])
             final = torch.where(greedy, final, drawn)
     zeros = torch.zeros(layout.batch, dtype=torch.int64, device=final.device)
     return final.unsqueeze(-1), zeros

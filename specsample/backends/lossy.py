@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from specsample.backends.eager import pad_drafts
-from specsample.params.metadata import BatchLayout, SamplingMetadata
+from specsample.params.layout import BatchLayout
+from specsample.params.metadata import SamplingMetadata
 from specsample.probs import request_probs
 from specsample.rules.typical import typical_acceptance
 

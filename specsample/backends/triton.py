@@ -2,7 +2,9 @@
 
 Same arguments and results as :mod:`specsample.backends.eager` on the same uniforms (up to
 floating-point ties at a boundary of the inverse CDF). It runs on CUDA tensors, and on CPU
-tensors under Triton's interpreter (``TRITON_INTERPRET=1``, for tests).
+tensors under Triton's interpreter (``TRITON_INTERPRET=1``, for tests). The statistics of a
+step's plan come from the row-statistics kernel (:mod:`specsample.kernels.triton.norms`),
+which reads each row once, unless a request has a top-k, top-p or min-p filter.
 """
 
 from __future__ import annotations
@@ -10,9 +12,31 @@ from __future__ import annotations
 import torch
 
 from specsample.kernels import triton as kernels
-from specsample.kernels.triton import gumbel
+from specsample.kernels.triton import gumbel, norms
+from specsample.params.metadata import SamplingMetadata
 from specsample.plan import LogitsStep
+from specsample.probs import RowNorms
 from specsample.rules.chain import PaddedRule
+
+
+def row_norms(
+    logits: torch.Tensor, sampling: SamplingMetadata, *, need_norm: bool = False
+) -> RowNorms:
+    """:func:`specsample.backends.eager.row_norms` by the row-statistics kernel
+    (:func:`specsample.kernels.triton.norms.row_norms`; same arguments, the same results up
+    to float32 rounding of ``log_norm``).
+
+    Examples
+    --------
+    >>> from specsample.backends import eager
+    >>> from specsample.kernels import triton as kernels
+    >>> meta = SamplingMetadata.build(1, torch.device("cpu"), temperature=0.0)
+    >>> logits = torch.tensor([[1.0, 3.0]])
+    >>> compute = row_norms if kernels.supports(logits) else eager.row_norms
+    >>> compute(logits, meta).argmax.tolist()
+    [1]
+    """
+    return norms.row_norms(logits, sampling, need_norm=need_norm)
 
 
 def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,8 +18,7 @@ from specsample.generate.policy import DraftLengthPolicy
 from specsample.generate.state import DecodeState, Prefill
 from specsample.generate.stats import GenerationStats
 from specsample.generate.tree import TreeLayout
-from specsample.params import DraftTree
-from specsample.params.metadata import BatchLayout
+from specsample.params.layout import BatchLayout
 
 
 def _prefill(state: DecodeState) -> Prefill:
@@ -68,8 +67,9 @@ class Batch:
         The rule of the chain steps: ``run.method`` (``"gumbel"`` or ``"chain"`` for a
         target-only run), or ``"chain"`` in a tree run (whose steps without room for a tree
         are plain decoding steps).
-    tree, draft_tree : TreeLayout and DraftTree, or None
-        A tree run's node layout and the draft layout its verification takes, built once.
+    tree : TreeLayout or None
+        A tree run's node layout, with the draft layout its verification takes
+        (:attr:`TreeLayout.draft`), built once.
     """
 
     def __init__(self, run: Run, prompts: list[list[int]], budgets: list[int], size: int) -> None:
@@ -96,16 +96,7 @@ class Batch:
         self.offered = [0] * run.k
         self.method = run.method if run.tree is None else "chain"
         self.layouts: dict[tuple[int, int], BatchLayout] = {}
-        self.tree: TreeLayout | None = None
-        self.draft_tree: DraftTree | None = None
-        if run.tree is not None:
-            self.tree = TreeLayout.build(run.tree, device)
-            self.draft_tree = DraftTree.build(
-                self.tree.parents,
-                run.tree.drafting,
-                max_depth=run.tree.depth,
-                max_children=max(run.tree.branching),
-            )
+        self.tree = None if run.tree is None else TreeLayout.build(run.tree, device)
         self.steps = self.forwards = self.generated = self.finished = 0
 
     def admit(self) -> None:

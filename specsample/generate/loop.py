@@ -152,15 +152,21 @@ def _tree_fits(batch: Batch, layout: TreeLayout) -> bool:
 def _tree_step(batch: Batch, layout: TreeLayout, results: list[list[int]]) -> None:
     """Draft a tree per sequence, score every node in one forward, verify, commit."""
     run, state = batch.run, batch.state
-    shape, tree, drafter = run.tree, batch.draft_tree, run.drafter
-    if shape is None or tree is None or not isinstance(drafter, ModelDrafter):
+    shape, drafter = run.tree, run.drafter
+    if shape is None or not isinstance(drafter, ModelDrafter):
         raise RuntimeError("a tree step needs a tree shape and a draft model")
     proposal = drafter.propose_tree(state, shape, layout, batch.sampling)
     tokens = proposal.token_ids
     positions = (state.lengths - 1).unsqueeze(1) + layout.depth
     logits = run.lm.forward(tokens, positions, keep=0, visible=layout.visible)
     out = verifying.tree_step(
-        logits, tokens, proposal.probs, batch.sampling, state.lengths, tree=tree, method=run.method
+        logits,
+        tokens,
+        proposal.probs,
+        batch.sampling,
+        state.lengths,
+        tree=layout.draft,
+        method=run.method,
     )
     nodes = torch.arange(tokens.shape[1], device=tokens.device)
     on_path = (out.path.unsqueeze(2) == nodes).any(dim=1)

@@ -34,7 +34,8 @@ import torch
 
 from specsample.api import verify
 from specsample.params import Requests, SamplingParams
-from specsample.params.metadata import BatchLayout, SamplingMetadata, Scalars
+from specsample.params.layout import BatchLayout
+from specsample.params.metadata import SamplingMetadata, Scalars
 from specsample.params.seeding import Seeding, check_seeds, seeding_from
 from specsample.probs import processed_probs
 from specsample.random import STEP_STRIDE, Stream

@@ -14,6 +14,11 @@ How the children of a node are drawn decides the exact rule (``drafting``, see
 distribution (with replacement), ``"without_replacement"`` one after the other, each time
 without the tokens drawn already, and ``"deterministic"`` takes the draft's ``c`` most
 likely tokens (the only choice at temperature 0).
+
+One tree runs from shape to layout: a :class:`TreeShape` (branching and drafting, checked
+once) lays out as a :class:`TreeLayout`, whose :attr:`~TreeLayout.draft` is the
+:class:`~specsample.params.DraftTree` that :func:`specsample.verify_tree` reads, and whose
+depths and attention mask the forward reads.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import NamedTuple
 import torch
 
 from specsample.methods import MAX_STEP_TREE_NODES, tree_draftings
+from specsample.params import DraftTree
 from specsample.random import inverse_cdf
 
 
@@ -123,12 +129,15 @@ class TreeShape(NamedTuple):
 
 
 class TreeLayout(NamedTuple):
-    """The node tensors of a :class:`TreeShape` (``N`` drafted nodes, ``N + 1`` with the root).
+    """The node tensors of a :class:`TreeShape` (``N`` drafted nodes, ``N + 1`` with the root):
+    the tree as the verifier reads it, and what the loop's forward needs besides.
 
     Attributes
     ----------
-    parents : torch.Tensor
-        ``[N + 1]`` int64, ``-1`` for the root.
+    draft : DraftTree
+        The tree's draft layout for :func:`specsample.verify_tree`: ``[N + 1]`` int64
+        parents (``-1`` for the root, :attr:`parents`), the shape's drafting and its loop
+        bounds (its depth, and its widest branching).
     depth : torch.Tensor
         ``[N + 1]`` int64 (0 for the root).
     visible : torch.Tensor
@@ -138,10 +147,15 @@ class TreeLayout(NamedTuple):
         The node range ``[start, stop)`` of every depth ``1 .. D``.
     """
 
-    parents: torch.Tensor
+    draft: DraftTree
     depth: torch.Tensor
     visible: torch.Tensor
     levels: tuple[tuple[int, int], ...]
+
+    @property
+    def parents(self) -> torch.Tensor:
+        """``[N + 1]`` int64 parent of each node, ``-1`` for the root."""
+        return self.draft.parents
 
     @staticmethod
     def build(shape: TreeShape, device: torch.device) -> TreeLayout:
@@ -165,8 +179,14 @@ class TreeLayout(NamedTuple):
         visible = torch.eye(len(parents), dtype=torch.bool)
         for node in range(1, len(parents)):
             visible[node] |= visible[parents[node]]
-        return TreeLayout(
+        draft = DraftTree.build(
             torch.tensor(parents, device=device),
+            shape.drafting,
+            max_depth=shape.depth,
+            max_children=max(shape.branching),
+        )
+        return TreeLayout(
+            draft,
             torch.tensor(depth, device=device),
             visible.to(device),
             tuple(levels),

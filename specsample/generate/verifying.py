@@ -5,7 +5,7 @@ Each is a call of the public API (:func:`specsample.verify`, :func:`specsample.v
 with the step's tensors and the objects the loop built once for its batch: the requests of
 the active sequences (:class:`specsample.params.Requests`, moved to each sequence's
 absolute position, its committed length, so that randomness is keyed by seed and position)
-and the draft layout (:class:`specsample.params.metadata.BatchLayout` of ``k`` drafts per sequence,
+and the draft layout (:class:`specsample.params.layout.BatchLayout` of ``k`` drafts per sequence,
 or the tree's :class:`specsample.params.DraftTree`). The loop around them only drafts, scores
 and commits.
 """
@@ -17,7 +17,7 @@ import torch
 from specsample.api import verify, verify_tree
 from specsample.generate.sampling import SamplingState
 from specsample.params import DraftTree
-from specsample.params.metadata import BatchLayout
+from specsample.params.layout import BatchLayout
 from specsample.rules.tree.structure import TreeVerifyResult
 
 

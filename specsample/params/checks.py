@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from specsample.params.metadata import BatchLayout
-
 PROB_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 """Accepted dtypes of probability tensors."""
 
@@ -250,37 +248,6 @@ def check_token_ids(name: str, ids: torch.Tensor, rank: int, layout: str) -> Non
         )
 
 
-def check_logits_inputs(
-    target_logits: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    layout: BatchLayout,
-    draft_rows: object,
-    draft_name: str,
-) -> torch.Tensor | None:
-    """Check :func:`specsample.verify`'s tensors against the layout (no sync).
-
-    Returns the draft rows (``[total_drafts, vocab]``), or ``None`` when there are none.
-    """
-    rows, vocab = target_logits.shape
-    total = layout.total_drafts
-    if draft_token_ids.shape[0] != total:
-        raise ValueError(
-            f"num_draft_tokens adds up to {total} "
-            f"but draft_token_ids has {draft_token_ids.shape[0]} entries"
-        )
-    if rows != layout.target_rows:
-        what = "total_drafts + batch" if layout.bonus_rows else "total_drafts (bonus ids given)"
-        raise ValueError(
-            f"target_logits must have {what} = {layout.target_rows} rows "
-            f"(num_draft_tokens adds up to {total}, batch {layout.batch}), got {rows}"
-        )
-    if draft_rows is None:
-        return None
-    return check_draft_rows(
-        draft_name, draft_rows, (total, vocab), "[total_drafts, vocab]", target_logits
-    )
-
-
 def check_draft_rows(
     name: str,
     rows: object,
@@ -305,32 +272,6 @@ def check_draft_rows(
     check_same_device(name, draft, target_logits)
     check_vocab_rows(name, draft)
     return draft
-
-
-def check_layout_values(layout: BatchLayout) -> None:
-    """Strict-mode check of the draft counts (read back when given as a device tensor).
-
-    Raises
-    ------
-    ValueError
-        A negative count, counts that do not add up to ``total_drafts``, or one above
-        ``max_drafts`` (``max_draft_tokens``).
-    """
-    counts = layout.num_drafts
-    if not counts.numel():
-        return
-    if bool((counts < 0).any()):
-        raise ValueError("num_draft_tokens must be >= 0")
-    if int(counts.sum()) != layout.total_drafts:
-        raise ValueError(
-            f"num_draft_tokens adds up to {int(counts.sum())} "
-            f"but draft_token_ids has {layout.total_drafts} entries"
-        )
-    if int(counts.max()) > layout.max_drafts:
-        raise ValueError(
-            f"max_draft_tokens is {layout.max_drafts} but a request has "
-            f"{int(counts.max())} draft tokens"
-        )
 
 
 def check_flag(name: str, value: object) -> bool:

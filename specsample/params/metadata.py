@@ -1,9 +1,10 @@
-"""What a batch asks for: its ragged layout and per-request sampling parameters.
+"""What each row of a batch asks for: its sampling parameters, as tensors.
 
-Metadata is kept apart from the computation. :class:`BatchLayout` and
-:class:`SamplingMetadata` turn what the caller gives (host values, CPU tensors or tensors on
-the batch's device) into a few small device tensors, plus host-side hints (all greedy? any
-top-p? the widest top-k?) that let the device work be planned without ever synchronising.
+Metadata is kept apart from the computation. :class:`SamplingMetadata` (and
+:class:`~specsample.params.layout.BatchLayout`, the draft layout) turn what the caller gives
+(host values, CPU tensors or tensors on the batch's device) into a few small device tensors,
+plus host-side hints (all greedy? any top-p? the widest top-k?) that let the device work be
+planned without ever synchronising.
 
 Host values are validated on the host. Tensors on an accelerator stay there: nothing is
 copied back, so their values are only checked in strict mode (``strict=True`` of
@@ -35,7 +36,7 @@ def _on_host(value: torch.Tensor) -> bool:
     return value.device.type == "cpu"
 
 
-def _placed(name: str, value: torch.Tensor, device: torch.device) -> bool:
+def placed(name: str, value: torch.Tensor, device: torch.device) -> bool:
     """Whether ``value`` is a host tensor; refuse one neither on the host nor on ``device``."""
     if _on_host(value):
         return True
@@ -70,7 +71,7 @@ def _host_values(
             raise ValueError(
                 f"{name} must be a scalar or have shape ({batch},), got {tuple(value.shape)}"
             )
-        if not _placed(name, value, device):
+        if not placed(name, value, device):
             return None
         if value.dim() == 0:
             return [value.item()] if batch else []
@@ -175,193 +176,6 @@ def _parse(
         elif strict and isinstance(value, torch.Tensor):
             _check_device_values(name, value)
     return host
-
-
-def check_max_drafts(max_drafts: object) -> None:
-    """Refuse a ``max_draft_tokens`` that is neither ``None`` nor an int >= 0.
-
-    Examples
-    --------
-    >>> check_max_drafts(2.0)
-    Traceback (most recent call last):
-    ...
-    TypeError: max_draft_tokens must be an int or None, got float
-    """
-    if max_drafts is None:
-        return
-    if isinstance(max_drafts, bool) or not isinstance(max_drafts, int):
-        raise TypeError(f"max_draft_tokens must be an int or None, got {type(max_drafts).__name__}")
-    if max_drafts < 0:
-        raise ValueError(f"max_draft_tokens must be >= 0, got {max_drafts}")
-
-
-def _counts_tensor(counts: torch.Tensor, device: torch.device) -> torch.Tensor | None:
-    """Check a tensor of counts; ``None`` when it is on the host (its values are read)."""
-    if counts.dtype.is_floating_point or counts.is_complex() or counts.dtype == torch.bool:
-        raise TypeError(f"num_draft_tokens must be an integer tensor, got {counts.dtype}")
-    if counts.dim() != 1:
-        raise ValueError(f"num_draft_tokens must have shape [batch], got {tuple(counts.shape)}")
-    return None if _placed("num_draft_tokens", counts, device) else counts
-
-
-def _host_counts(counts: object) -> list[int]:
-    """Host counts: a sequence of ints in ``[0, 2**63)``."""
-    if isinstance(counts, str | bytes) or not isinstance(counts, Sequence):
-        raise TypeError(
-            "num_draft_tokens must be a sequence of ints or a 1-D integer tensor, "
-            f"got {type(counts).__name__}"
-        )
-    for n in counts:
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-            raise TypeError(f"num_draft_tokens entries must be int, got {type(n).__name__}")
-        if not 0 <= int(n) < 1 << 63:
-            raise ValueError(f"num_draft_tokens entries must lie in [0, 2**63), got {n}")
-    return [int(n) for n in counts]
-
-
-def _traced(total_drafts: int | None, max_drafts: int | None) -> bool:
-    """Whether host counts are to be taken as device counts: under :func:`torch.compile`,
-    with their sum and maximum given, so that reading them breaks no graph."""
-    return torch.compiler.is_compiling() and total_drafts is not None and max_drafts is not None
-
-
-@dataclass(frozen=True)
-class BatchLayout:
-    """The ragged layout of a flattened batch.
-
-    Request ``i`` has ``num_drafts[i]`` draft positions. The flattened target rows hold, for
-    each request in turn, its draft positions and then its bonus position (or, with
-    ``bonus_rows=False``, its draft positions only, the bonus tokens being given); the
-    flattened draft rows (and ids) hold its draft positions only.
-
-    Attributes
-    ----------
-    batch, total_drafts, max_drafts : int
-        Requests, draft positions over the batch, and the most drafts of any request (the
-        padded width minus one): host-side.
-    bonus_rows : bool
-        Whether the target rows include one bonus row per request.
-    num_drafts, draft_start, target_start : torch.Tensor
-        ``[batch]`` int64 device tensors: the counts, the first draft row and the first
-        target row of each request.
-
-    Examples
-    --------
-    >>> layout = BatchLayout.build([2, 0, 1], torch.device("cpu"))
-    >>> layout.total_drafts, layout.max_drafts, layout.target_start.tolist()
-    (3, 2, [0, 3, 4])
-    """
-
-    batch: int
-    total_drafts: int
-    max_drafts: int
-    bonus_rows: bool
-    num_drafts: torch.Tensor
-    draft_start: torch.Tensor
-    target_start: torch.Tensor
-
-    @staticmethod
-    def build(
-        num_draft_tokens: Sequence[int] | torch.Tensor,
-        device: torch.device,
-        *,
-        total_drafts: int | None = None,
-        max_drafts: int | None = None,
-        bonus_rows: bool = True,
-    ) -> BatchLayout:
-        """Build the layout from the draft counts.
-
-        Parameters
-        ----------
-        num_draft_tokens : sequence of int or tensor
-            ``[batch]`` drafts per request: host ints, an integer CPU tensor, or an integer
-            tensor on the batch's device (then ``total_drafts`` and ``max_drafts`` are
-            required, as reading them would synchronise). A tensor on any other device is
-            refused. Under :func:`torch.compile`, a CPU tensor given with ``total_drafts``
-            and ``max_drafts`` is used as a device tensor (its values are not read).
-        device : torch.device
-            The batch's device.
-        total_drafts, max_drafts : int, optional
-            Host-side sum and maximum of device counts. With host counts ``total_drafts``
-            is ignored and ``max_drafts``, when given, widens the padded width (it must be
-            at least the largest count).
-        bonus_rows : bool
-            Whether the target rows include each request's bonus row.
-
-        Raises
-        ------
-        TypeError
-            Counts that are not ints (or an integer tensor), a ``max_drafts`` not an int.
-        ValueError
-            A negative count, a tensor of the wrong shape or device, a ``max_drafts``
-            below the largest count.
-        """
-        check_max_drafts(max_drafts)
-        if isinstance(num_draft_tokens, torch.Tensor):
-            counts_tensor = _counts_tensor(num_draft_tokens, device)
-            if counts_tensor is None and _traced(total_drafts, max_drafts):
-                counts_tensor = num_draft_tokens
-            if counts_tensor is not None:
-                return BatchLayout._from_device(
-                    counts_tensor, device, total_drafts, max_drafts, bonus_rows
-                )
-            num_draft_tokens = num_draft_tokens.tolist()
-        counts = _host_counts(num_draft_tokens)
-        widest = max([0, *counts])
-        if max_drafts is not None and max_drafts < widest:
-            raise ValueError(
-                f"max_draft_tokens is {max_drafts} but a request has {widest} draft tokens"
-            )
-        starts = [0] * len(counts)
-        for i in range(1, len(counts)):
-            starts[i] = starts[i - 1] + counts[i - 1]
-        start = torch.tensor(starts, dtype=torch.int64)
-        target_start = start + torch.arange(len(counts)) if bonus_rows else start
-        return BatchLayout(
-            batch=len(counts),
-            total_drafts=sum(counts),
-            max_drafts=widest if max_drafts is None else int(max_drafts),
-            bonus_rows=bonus_rows,
-            num_drafts=torch.tensor(counts, dtype=torch.int64).to(device, non_blocking=True),
-            draft_start=start.to(device, non_blocking=True),
-            target_start=target_start.to(device, non_blocking=True),
-        )
-
-    @staticmethod
-    def _from_device(
-        counts: torch.Tensor,
-        device: torch.device,
-        total_drafts: int | None,
-        max_drafts: int | None,
-        bonus_rows: bool,
-    ) -> BatchLayout:
-        if total_drafts is None or max_drafts is None:
-            raise ValueError(
-                f"num_draft_tokens is a tensor on {counts.device}: pass its maximum as "
-                "max_draft_tokens= (reading it would synchronise), or give the counts as a list"
-            )
-        counts = counts.to(device=device, dtype=torch.int64)
-        start = counts.cumsum(0) - counts
-        target_start = start + torch.arange(counts.shape[0], device=device) if bonus_rows else start
-        return BatchLayout(
-            batch=counts.shape[0],
-            total_drafts=total_drafts,
-            max_drafts=max_drafts,
-            bonus_rows=bonus_rows,
-            num_drafts=counts,
-            draft_start=start,
-            target_start=target_start,
-        )
-
-    @property
-    def target_rows(self) -> int:
-        """Number of flattened target rows: ``total_drafts`` (plus ``batch`` bonus rows)."""
-        return self.total_drafts + (self.batch if self.bonus_rows else 0)
-
-    def target_request(self) -> torch.Tensor:
-        """``[target_rows]`` int64: the request each flattened target row belongs to."""
-        rows = torch.arange(self.target_rows, device=self.target_start.device)
-        return torch.searchsorted(self.target_start, rows, right=True) - 1
 
 
 @dataclass(frozen=True)

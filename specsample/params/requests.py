@@ -9,7 +9,7 @@ the steps of an unchanged batch: the sampling metadata the target rows are proce
 step to step (:meth:`Requests.at`) without validating the rest again.
 
 The draft layout is the other object a step needs: how many drafts each request has
-(:class:`specsample.params.metadata.BatchLayout`, for chains), or the tree they form
+(:class:`specsample.params.layout.BatchLayout`, for chains), or the tree they form
 (:class:`DraftTree`).
 
 Examples
@@ -33,14 +33,12 @@ import torch
 
 from specsample.methods import check_drafting
 from specsample.params.checks import check_bound, require_tensor
+from specsample.params.layout import Ints
 from specsample.params.metadata import SamplingMetadata, Scalars
 from specsample.params.seeding import Seeding, positions_from, seeding_from
 
 Seeds = Sequence[int | None] | torch.Tensor
 """Per-request seeds: host ints (``None`` or -1 unseeded) or an integer tensor."""
-
-Ints = Sequence[int] | torch.Tensor
-"""Per-request integers: host ints or an integer tensor."""
 
 
 @dataclass(frozen=True)
@@ -223,3 +221,37 @@ class DraftTree(NamedTuple):
         check_bound("max_depth", max_depth)
         check_bound("max_children", max_children)
         return DraftTree(parents, check_drafting(drafting), max_depth, max_children)
+
+
+def checked_requests(
+    requests: object,
+    given: Mapping[str, object],
+    positions: Ints | None,
+    batch: int,
+    device: torch.device,
+) -> Requests:
+    """A caller's ``requests``, checked against the batch (``batch`` requests on ``device``)
+    and the other keywords ``given`` (none may be), at ``positions`` when given.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``requests`` is not a :class:`Requests`, keywords beside it, another batch size or
+        device (the message names the argument).
+    """
+    if not isinstance(requests, Requests):
+        raise TypeError(f"requests must be a Requests, got {type(requests).__name__}")
+    if given:
+        raise ValueError(
+            f"pass the sampling parameters in requests or as keywords, not both: got requests "
+            f"and {sorted(given)}"
+        )
+    if requests.batch != batch:
+        raise ValueError(f"requests has {requests.batch} requests but the batch has {batch}")
+    if requests.sampling.greedy.device != device:
+        raise ValueError(
+            f"requests is on {requests.sampling.greedy.device} but the batch is on {device}"
+        )
+    if positions is None:
+        return requests
+    return requests.at(positions_from(positions, batch, device))

@@ -23,7 +23,7 @@ import math
 import torch
 
 from specsample.noise import gumbel_noise
-from specsample.probs import RowStats, scaled_logits
+from specsample.probs import RowNorms, scaled_logits
 from specsample.rules.chain import VerifyResult
 
 _CPU_CHUNK_ELEMENTS = 1 << 20
@@ -39,16 +39,16 @@ def _chunks(rows: int, vocab: int, device: torch.device) -> list[tuple[int, int]
     return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
-def gumbel_argmax(logits: torch.Tensor, stats: RowStats, keys: torch.Tensor) -> torch.Tensor:
+def gumbel_argmax(logits: torch.Tensor, norms: RowNorms, keys: torch.Tensor) -> torch.Tensor:
     """Each row's keyed Gumbel-max token over the tokens its processing keeps.
 
     Parameters
     ----------
     logits : torch.Tensor
         ``[rows, vocab]`` float32, float16, bfloat16 or float64 logits.
-    stats : RowStats
+    norms : RowNorms
         ``[rows]`` their statistics (``shift`` and ``cutoff`` read; computed with the
-        normalisers, :func:`specsample.probs.row_stats`).
+        normalisers, :func:`specsample.probs.row_norms`).
     keys : torch.Tensor
         ``[rows]`` int64 row keys (:func:`specsample.noise.row_keys`).
 
@@ -61,10 +61,10 @@ def gumbel_argmax(logits: torch.Tensor, stats: RowStats, keys: torch.Tensor) -> 
     Examples
     --------
     >>> from specsample.noise import row_keys
-    >>> from specsample.probs import row_stats
+    >>> from specsample.probs import row_norms
     >>> logits = torch.tensor([[0.0, 50.0, 0.0], [0.0, 0.0, -math.inf]])
     >>> keys = row_keys(torch.tensor([1, 2]), torch.tensor([0, 0]))
-    >>> gumbel_argmax(logits, row_stats(logits, torch.ones(2)), keys)[0].item()
+    >>> gumbel_argmax(logits, row_norms(logits, torch.ones(2)), keys)[0].item()
     1
     """
     rows, vocab = logits.shape
@@ -72,10 +72,10 @@ def gumbel_argmax(logits: torch.Tensor, stats: RowStats, keys: torch.Tensor) -> 
     for start, stop in _chunks(rows, vocab, logits.device):
         z = scaled_logits(
             logits[start:stop],
-            stats.shift[start:stop, None],
-            stats.inv_temperature[start:stop, None],
+            norms.shift[start:stop, None],
+            norms.inv_temperature[start:stop, None],
         )
-        kept = z >= stats.cutoff[start:stop, None]
+        kept = z >= norms.cutoff[start:stop, None]
         score = gumbel_noise(keys[start:stop], 0, vocab).add_(z)
         out[start:stop] = score.masked_fill_(kept.logical_not_(), -math.inf).argmax(dim=-1)
     return out

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from specsample.probs import RowStats
+from specsample.probs import RowNorms
 
 
 def flat_rows(probs: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -172,22 +172,22 @@ class LogitRows:
     ----------
     logits : torch.Tensor
         ``[rows, vocab]`` logits (float32, float16 or bfloat16; any strides).
-    stats : RowStats
-        ``[rows]`` statistics, as computed by :func:`specsample.probs.row_stats`.
+    norms : RowNorms
+        ``[rows]`` statistics, as computed by :func:`specsample.probs.row_norms`.
 
     Examples
     --------
     >>> import math, torch
-    >>> from specsample.probs import row_stats
+    >>> from specsample.probs import row_norms
     >>> logits = torch.tensor([[0.0, math.log(3.0)]])
-    >>> rows = LogitRows(logits, row_stats(logits, torch.ones(1)))
+    >>> rows = LogitRows(logits, row_norms(logits, torch.ones(1)))
     >>> rows.select(torch.tensor([0])).chunk(0, 2)
     tensor([[0.2500, 0.7500]])
     """
 
-    def __init__(self, logits: torch.Tensor, stats: RowStats) -> None:
+    def __init__(self, logits: torch.Tensor, norms: RowNorms) -> None:
         self.logits = unit_columns(logits)
-        self.stats = stats
+        self.norms = norms
 
     def select(self, rows: torch.Tensor) -> Selection:
         """Bind the ``[batch]`` int64 row indices of a step."""
@@ -198,11 +198,11 @@ class _SelectedLogits:
     def __init__(self, source: LogitRows, rows: torch.Tensor) -> None:
         self.logits, self.rows, self.dtype = source.logits, rows, torch.float32
         self.device = source.logits.device
-        stats = source.stats
-        self.scale = stats.inv_temperature[rows].unsqueeze(-1)
-        self.shift = stats.shift[rows].unsqueeze(-1)
-        self.cutoff = stats.cutoff[rows].unsqueeze(-1)
-        self.log_norm = stats.log_norm[rows].unsqueeze(-1)
+        norms = source.norms
+        self.scale = norms.inv_temperature[rows].unsqueeze(-1)
+        self.shift = norms.shift[rows].unsqueeze(-1)
+        self.cutoff = norms.cutoff[rows].unsqueeze(-1)
+        self.log_norm = norms.log_norm[rows].unsqueeze(-1)
 
     def _to_probs(self, x: torch.Tensor) -> torch.Tensor:
         """Probabilities from float32 logits ``x``, in place (callers read the buffer).

@@ -1,5 +1,8 @@
 """Fused CPU kernels, compiled by numba: the kernels of the ``"cpu"`` backend.
 
+* :mod:`~specsample.kernels.cpu.launch`: the host side, which calls the kernels take, the
+  tensors as they read them, the thread counts and the calls (the backend,
+  :mod:`specsample.backends.cpu`, is a table over it that falls back to PyTorch);
 * :mod:`~specsample.kernels.cpu.compiler`: compilation once per machine and user into the user's
   cache, in the foreground and announced (or ahead of time, ``specsample warm``), on the
   caller's thread count;

@@ -1,8 +1,8 @@
 """Top-k, top-p and min-p thresholds of one row of logits, without sorting it.
 
-:func:`specsample.probs.row_stats` finds a row's thresholds on ``z`` (see
+:func:`specsample.probs.row_norms` finds a row's thresholds on ``z`` (see
 :mod:`specsample.probs`) by sorting: the whole row for top-p, the ``max_top_k`` largest for
-top-k. :func:`filter_stats` finds the same thresholds by selection, in time linear in the
+top-k. :func:`filter_norms` finds the same thresholds by selection, in time linear in the
 vocabulary:
 
 * **top-k**: the ``k``-th largest logit, by :func:`kth_largest`, which reads only the blocks
@@ -20,7 +20,7 @@ The masses are float32 exponentials summed in float64, as :mod:`specsample.probs
 but with :func:`~specsample.kernels.cpu.floats.exp32`, within one unit in the last place of the
 exact exponential as PyTorch's is: the two sums differ by at most a relative ``2.4e-7``.
 Where the mass on either side of the threshold lies within a relative :data:`MARGIN` of
-``top_p``, the two could decide differently: :func:`filter_stats` reports the row as
+``top_p``, the two could decide differently: :func:`filter_norms` reports the row as
 undecided, and its caller takes that row's statistics from PyTorch. So the thresholds are
 PyTorch's own, value for value, on every row.
 """
@@ -178,11 +178,11 @@ def _top_p_tokens(row: np.ndarray, maxima: np.ndarray, shift: np.float32, scale:
 
 
 @njit
-def filter_stats(row: np.ndarray, maxima: np.ndarray, shift: np.float32, scale: np.float32,
+def filter_norms(row: np.ndarray, maxima: np.ndarray, shift: np.float32, scale: np.float32,
                  top_k: int, top_p: np.float32, log_min_p: np.float32
                  ) -> tuple[np.float32, np.float32, bool]:  # fmt: skip
     """The cutoff and log-norm of a row with a distribution (no NaN, largest logit
-    ``shift`` not ``-inf``) under its filters, as :func:`specsample.probs.row_stats` computes
+    ``shift`` not ``-inf``) under its filters, as :func:`specsample.probs.row_norms` computes
     them: ``top_k`` (0 off), ``top_p`` (1 off), ``log_min_p`` (``-inf`` off). ``maxima``
     holds the largest logit of each whole block of :data:`BLOCK` (see :func:`kth_largest`).
     The third value says whether the cutoff is decided (see :func:`top_p_cut`); when it is

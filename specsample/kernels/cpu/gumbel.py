@@ -6,7 +6,7 @@ does: each request walks its target rows in order, computes each row's token (th
 greedy request; of a sampled one, the keyed Gumbel-max token of
 :func:`specsample.rules.gumbel.gumbel_argmax` over the tokens its processing keeps), and stops
 at the first draft that differs from it: the rows after it are never read. A sampled row that
-:func:`specsample.kernels.cpu.logits.row_stats` left to the walk (``lazy``) gets its largest
+:func:`specsample.kernels.cpu.logits.row_norms` left to the walk (``lazy``) gets its largest
 logit here, in the same pass that finds the largest logit of each block of
 :data:`~specsample.kernels.cpu.floats.BLOCK` tokens.
 
@@ -175,7 +175,7 @@ def gumbel_token(row: np.ndarray, head: tuple[np.float32, np.float32, np.float32
 
 
 @njit(inline="always")
-def _row_token(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, lazy: np.ndarray,
+def _row_token(target: np.ndarray, norms: np.ndarray, argmax: np.ndarray, lazy: np.ndarray,
                keys: np.ndarray, greedy: bool, r: int, maxima: np.ndarray
                ) -> tuple[int, bool]:  # fmt: skip
     """Row ``r``'s token and whether the row has a distribution (token 0 where not): its
@@ -183,7 +183,7 @@ def _row_token(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, lazy: 
     largest logit here; a sampled row its blocks' largest logits, in ``maxima`` (a scratch
     ``[vocab // BLOCK]`` float32)."""
     row = target[r]
-    shift, cut, index = stats[0, r], stats[2, r], argmax[r]
+    shift, cut, index = norms[0, r], norms[2, r], argmax[r]
     left = lazy.shape[0] > 0 and lazy[r]
     if left or not greedy:
         top, first, nan = _largest(row, maxima)
@@ -194,11 +194,11 @@ def _row_token(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, lazy: 
         return 0, False
     if greedy:
         return index, True
-    return gumbel_token(row, (shift, stats[1, r], cut), np.uint32(keys[r]), maxima), True
+    return gumbel_token(row, (shift, norms[1, r], cut), np.uint32(keys[r]), maxima), True
 
 
 @njit
-def _walk(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, lazy: np.ndarray,
+def _walk(target: np.ndarray, norms: np.ndarray, argmax: np.ndarray, lazy: np.ndarray,
           layout: np.ndarray,
           ids: np.ndarray, keys: np.ndarray, token_ids: np.ndarray, num_accepted: np.ndarray,
           maxima: np.ndarray, b: int) -> None:  # fmt: skip
@@ -208,7 +208,7 @@ def _walk(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, lazy: np.nd
     while n < drafts or bonus < 0:
         r = min(start + n, target.shape[0] - 1)
         greedy = layout[3, b] != 0
-        token, usable = _row_token(target, stats, argmax, lazy, keys, greedy, r, maxima)
+        token, usable = _row_token(target, norms, argmax, lazy, keys, greedy, r, maxima)
         if n == drafts or not usable or ids[first + n] != token:
             final = token
             break
@@ -243,14 +243,14 @@ def gumbel_logits(
     distribution), unless its bonus token is given and every draft is accepted. Nothing is
     written but the outputs.
     """
-    target, stats, argmax, lazy, layout, ids = step
+    target, norms, argmax, lazy, layout, ids = step
     batch = layout.shape[1]
     taken = np.zeros(1, np.int64)
     for _ in prange(min(threads, batch)):
         maxima = np.empty(target.shape[1] // BLOCK, np.float32)
         b = atomics.fetch_add(taken, 0, 1)
         while b < batch:
-            _walk(target, stats, argmax, lazy, layout, ids, keys, token_ids, num_accepted,
+            _walk(target, norms, argmax, lazy, layout, ids, keys, token_ids, num_accepted,
                   maxima, b)  # fmt: skip
             b = atomics.fetch_add(taken, 0, 1)
 
@@ -263,10 +263,10 @@ def warm() -> None:
     """Compile :func:`gumbel_logits` and its serial twin for contiguous float32 logits, then
     freeze them."""
     logits = np.zeros((2, 4), np.float32)
-    stats = np.zeros((4, 2), np.float32)
+    norms = np.zeros((4, 2), np.float32)
     layout = np.array([[1], [0], [0], [0], [-1]], np.int64)
     for kernel in (gumbel_logits, gumbel_logits_serial):
-        step = (logits, stats, np.zeros(2, np.int64), np.zeros(0, np.bool_), layout,
+        step = (logits, norms, np.zeros(2, np.int64), np.zeros(0, np.bool_), layout,
                 np.zeros(1, np.int64))  # fmt: skip
         kernel(
             step,

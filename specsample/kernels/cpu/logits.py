@@ -1,6 +1,6 @@
 """The chain rule on flattened logits as one fused pass per sequence, and the row sums it needs.
 
-:func:`row_stats` computes the :class:`specsample.probs.RowStats` of rows from their largest
+:func:`row_norms` computes the :class:`specsample.probs.RowNorms` of rows from their largest
 logits: one pass over each row with no filter, or none for a sampled row left to the walk.
 :func:`chain_logits` then verifies a ragged batch as
 :func:`specsample.backends.eager.verify_logits` does with ``method="chain"``: for each
@@ -30,7 +30,7 @@ import numpy as np
 from specsample.kernels.cpu import atomics
 from specsample.kernels.cpu.chain import draw_residual
 from specsample.kernels.cpu.compiler import njit, prange, serial
-from specsample.kernels.cpu.filters import filter_stats
+from specsample.kernels.cpu.filters import filter_norms
 from specsample.kernels.cpu.floats import BLOCK, block_largest, exp32, prob, scaled
 
 
@@ -79,24 +79,24 @@ def _largest(row: np.ndarray, maxima: np.ndarray) -> tuple[np.float32, int, bool
 
 
 @njit(inline="always")
-def _shift(row: np.ndarray, stats: np.ndarray, r: int, maxima: np.ndarray) -> int:
+def _shift(row: np.ndarray, norms: np.ndarray, r: int, maxima: np.ndarray) -> int:
     """Set the shift (the largest logit) of row ``r``, its cutoff ``-inf`` and its log-norm
     NaN (not yet computed), or mark it without a distribution (shift 0, cutoff NaN, log-norm
     ``inf``) when it holds a NaN or only ``-inf``; return the index of its largest value (0
     without a distribution). ``maxima`` as :func:`_largest` takes it."""
     top, index, nan = _largest(row, maxima)
     if nan or np.isnan(top) or top == -np.inf:
-        stats[0, r], stats[2, r], stats[3, r] = 0.0, np.nan, np.inf
+        norms[0, r], norms[2, r], norms[3, r] = 0.0, np.nan, np.inf
         return 0
-    stats[0, r], stats[2, r], stats[3, r] = top, -np.inf, np.nan
+    norms[0, r], norms[2, r], norms[3, r] = top, -np.inf, np.nan
     return index
 
 
 @njit(inline="always")
-def _row_stats(logits: np.ndarray, stats: np.ndarray, argmax: np.ndarray, norms: bool,
+def _row_norms(logits: np.ndarray, norms: np.ndarray, argmax: np.ndarray, with_norm: bool,
                top_k: np.ndarray, limits: np.ndarray, lazy: np.ndarray, undecided: np.ndarray,
                r: int) -> None:  # fmt: skip
-    """The statistics of row ``r`` (see :func:`row_stats`)."""
+    """The statistics of row ``r`` (see :func:`row_norms`)."""
     row = logits[r]
     filtered = top_k.shape[0] and (top_k[r] > 0 or limits[0, r] < 1.0 or limits[1, r] > -np.inf)
     if lazy.shape[0] and lazy[r]:
@@ -104,47 +104,47 @@ def _row_stats(logits: np.ndarray, stats: np.ndarray, argmax: np.ndarray, norms:
             return
         lazy[r] = False
     maxima = np.empty(row.shape[0] // BLOCK if filtered else 0, np.float32)
-    argmax[r] = _shift(row, stats, r, maxima)
-    if np.isnan(stats[2, r]):
+    argmax[r] = _shift(row, norms, r, maxima)
+    if np.isnan(norms[2, r]):
         return
     if filtered:
-        stats[2, r], stats[3, r], decided = filter_stats(
-            row, maxima, stats[0, r], stats[1, r], top_k[r], limits[0, r], limits[1, r]
+        norms[2, r], norms[3, r], decided = filter_norms(
+            row, maxima, norms[0, r], norms[1, r], top_k[r], limits[0, r], limits[1, r]
         )
         undecided[r] = not decided
-    elif norms:
-        _log_norm(row, stats, r, np.empty(row.shape[0], np.float32))
+    elif with_norm:
+        _log_norm(row, norms, r, np.empty(row.shape[0], np.float32))
 
 
 @njit(inline="always")
-def _fill_norm(logits: np.ndarray, stats: np.ndarray, argmax: np.ndarray, lazy: np.ndarray,
+def _fill_norm(logits: np.ndarray, norms: np.ndarray, argmax: np.ndarray, lazy: np.ndarray,
                r: int) -> None:  # fmt: skip
     """Compute the shift and argmax of row ``r`` if ``lazy`` marks it, then its log-norm where
     not computed (NaN on a row with a distribution: its cutoff is not NaN)."""
     if lazy.shape[0] and lazy[r]:
-        argmax[r] = _shift(logits[r], stats, r, np.empty(0, np.float32))
-    if np.isnan(stats[3, r]):
-        _log_norm(logits[r], stats, r, np.empty(logits.shape[1], np.float32))
+        argmax[r] = _shift(logits[r], norms, r, np.empty(0, np.float32))
+    if np.isnan(norms[3, r]):
+        _log_norm(logits[r], norms, r, np.empty(logits.shape[1], np.float32))
 
 
 @njit(parallel=True)
-def row_stats(
+def row_norms(
     logits: np.ndarray,
-    stats: np.ndarray,
+    norms: np.ndarray,
     argmax: np.ndarray,
-    norms: bool,
+    with_norm: bool,
     top_k: np.ndarray,
     limits: np.ndarray,
     lazy: np.ndarray,
     undecided: np.ndarray,
 ) -> None:
-    """The :class:`specsample.probs.RowStats` of ``[rows, vocab]`` float32 rows, rows in
+    """The :class:`specsample.probs.RowNorms` of ``[rows, vocab]`` float32 rows, rows in
     parallel, each read once from memory.
 
-    ``stats[1]`` holds the rows' ``1 / T``; the kernel writes the shift (the row's largest
-    logit), cutoff and log-norm into ``stats[0]``, ``stats[2]`` and ``stats[3]``, and the
+    ``norms[1]`` holds the rows' ``1 / T``; the kernel writes the shift (the row's largest
+    logit), cutoff and log-norm into ``norms[0]``, ``norms[2]`` and ``norms[3]``, and the
     index of the first largest logit into ``argmax``, with the conventions of
-    :func:`specsample.probs.row_stats` for a row without a distribution. Without ``norms``,
+    :func:`specsample.probs.row_norms` for a row without a distribution. Without ``with_norm``,
     the log-norms of rows with a distribution and no filter are left NaN. The rows that
     ``lazy`` ``[rows]`` (bool, or empty for none) marks are left to the step that reads them
     and not written at all, unless they have a filter (their mark is then cleared): on
@@ -156,59 +156,59 @@ def row_stats(
     Filters: ``top_k`` ``[rows]`` int64 (0 off) and ``limits`` ``[2, rows]`` float32, the
     rows' ``top_p`` (1 off) and ``log(min_p)`` (``-inf`` off), or both empty when no row has
     a filter. A filtered row's cutoff and log-norm come from
-    :func:`specsample.kernels.cpu.filters.filter_stats`; where its top-p threshold is too close to
+    :func:`specsample.kernels.cpu.filters.filter_norms`; where its top-p threshold is too close to
     call, the kernel sets ``undecided`` ``[rows]`` (bool, False from the caller) at the row.
     """
     for r in prange(logits.shape[0]):
-        _row_stats(logits, stats, argmax, norms, top_k, limits, lazy, undecided, r)
+        _row_norms(logits, norms, argmax, with_norm, top_k, limits, lazy, undecided, r)
 
 
-row_stats_serial = serial(row_stats)
-"""The serial twin of :func:`row_stats`."""
+row_norms_serial = serial(row_norms)
+"""The serial twin of :func:`row_norms`."""
 
 
 @njit
-def fill_norms(logits: np.ndarray, stats: np.ndarray, argmax: np.ndarray, lazy: np.ndarray
+def fill_norms(logits: np.ndarray, norms: np.ndarray, argmax: np.ndarray, lazy: np.ndarray
                ) -> None:  # fmt: skip
-    """Complete the statistics of :func:`row_stats` (``stats`` ``[4, rows]``, ``argmax`` and
+    """Complete the statistics of :func:`row_norms` (``norms`` ``[4, rows]``, ``argmax`` and
     ``lazy`` ``[rows]`` as there): the shift and argmax of the rows ``lazy`` marks, and
     every log-norm not computed."""
     for r in range(logits.shape[0]):
-        _fill_norm(logits, stats, argmax, lazy, r)
+        _fill_norm(logits, norms, argmax, lazy, r)
 
 
 @njit(inline="always")
-def _fill_probs(row: np.ndarray, stats: np.ndarray, r: int, out: np.ndarray) -> None:
-    """``out = q`` of logits ``row``, with ``stats[:, r]`` = (shift, scale, cut, log_norm)."""
-    shift, scale, cut, log_norm = stats[0, r], stats[1, r], stats[2, r], stats[3, r]
+def _fill_probs(row: np.ndarray, norms: np.ndarray, r: int, out: np.ndarray) -> None:
+    """``out = q`` of logits ``row``, with ``norms[:, r]`` = (shift, scale, cut, log_norm)."""
+    shift, scale, cut, log_norm = norms[0, r], norms[1, r], norms[2, r], norms[3, r]
     for i in range(row.shape[0]):
         out[i] = prob(row[i], shift, scale, cut, log_norm)
 
 
 @njit(inline="always")
-def _draft_norm(draft: np.ndarray, draft_stats: np.ndarray, row: int, known: int) -> int:
-    """Compute the statistics of draft logits row ``row`` into ``draft_stats`` (whose
+def _draft_norm(draft: np.ndarray, draft_norms: np.ndarray, row: int, known: int) -> int:
+    """Compute the statistics of draft logits row ``row`` into ``draft_norms`` (whose
     ``[1]`` holds 1) unless it is ``known``, the row last computed; return ``row``."""
     if row != known:
-        _shift(draft[row], draft_stats, row, np.empty(0, np.float32))
-        _log_norm(draft[row], draft_stats, row, np.empty(draft.shape[1], np.float32))
+        _shift(draft[row], draft_norms, row, np.empty(0, np.float32))
+        _log_norm(draft[row], draft_norms, row, np.empty(draft.shape[1], np.float32))
     return row
 
 
 @njit(inline="always")
-def _draft_prob(draft: np.ndarray, draft_stats: np.ndarray, row: int, x: int) -> float:
+def _draft_prob(draft: np.ndarray, draft_norms: np.ndarray, row: int, x: int) -> float:
     """``p(x)`` at a draft row: given probabilities, or from logits (their statistics
     computed, :func:`_draft_norm`); 1 for one-hot drafts."""
     if draft.shape[0] == 0:
         return 1.0
-    if draft_stats.shape[1] == 0:
+    if draft_norms.shape[1] == 0:
         return np.float64(draft[row, x])
-    s = draft_stats
+    s = draft_norms
     return np.float64(prob(draft[row, x], s[0, row], s[1, row], s[2, row], s[3, row]))
 
 
 @njit(inline="always")
-def _draft_row(draft: np.ndarray, draft_stats: np.ndarray, row: int, x: int, rejected: bool,
+def _draft_row(draft: np.ndarray, draft_norms: np.ndarray, row: int, x: int, rejected: bool,
                known: int, out: np.ndarray) -> None:  # fmt: skip
     """``out = p`` at the draw: the rejected draft's row (a one-hot row without draft rows,
     the draft ``x`` removed), or zeros where no draft applies (``q`` itself is drawn);
@@ -219,12 +219,12 @@ def _draft_row(draft: np.ndarray, draft_stats: np.ndarray, row: int, x: int, rej
     if draft.shape[0] == 0:
         if 0 <= x < out.shape[0]:
             out[x] = 1.0
-    elif draft_stats.shape[1] == 0:
+    elif draft_norms.shape[1] == 0:
         for i in range(out.shape[0]):
             out[i] = np.float32(draft[row, i])
     else:
-        _draft_norm(draft, draft_stats, row, known)
-        _fill_probs(draft[row], draft_stats, row, out)
+        _draft_norm(draft, draft_norms, row, known)
+        _fill_probs(draft[row], draft_norms, row, out)
 
 
 _FREE, _TAKEN, _COMPUTED, _KNOWN = 0, 1, 2, 3
@@ -258,34 +258,34 @@ def _rows_read(layout: np.ndarray, b: int) -> int:
 
 
 @njit(inline="always")
-def _norm_into(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, row: int,
+def _norm_into(target: np.ndarray, norms: np.ndarray, argmax: np.ndarray, row: int,
                out: np.ndarray) -> np.float32:  # fmt: skip
     """Set the shift, argmax and log-norm of target row ``row``, left to the walk, keeping
     each ``exp(z)`` in ``out``; return their sum (NaN for a row without a distribution,
     whose statistics :func:`_shift` sets)."""
-    argmax[row] = _shift(target[row], stats, row, np.empty(0, np.float32))
-    return _log_norm(target[row], stats, row, out)
+    argmax[row] = _shift(target[row], norms, row, np.empty(0, np.float32))
+    return _log_norm(target[row], norms, row, out)
 
 
 @njit(inline="always")
-def _log_norm(values: np.ndarray, stats: np.ndarray, r: int, out: np.ndarray) -> np.float32:
-    """Set the log-norm of the row ``values`` at column ``r`` of ``stats`` (its shift set),
+def _log_norm(values: np.ndarray, norms: np.ndarray, r: int, out: np.ndarray) -> np.float32:
+    """Set the log-norm of the row ``values`` at column ``r`` of ``norms`` (its shift set),
     keeping each ``exp(z)`` in ``out``; return their sum (NaN without a distribution)."""
-    if np.isnan(stats[2, r]):
+    if np.isnan(norms[2, r]):
         return np.float32(np.nan)
-    total = _exp_sum_into(values, stats[0, r], stats[1, r], out)
-    stats[3, r] = np.log(total)
+    total = _exp_sum_into(values, norms[0, r], norms[1, r], out)
+    norms[3, r] = np.log(total)
     return total
 
 
 @njit(inline="always")
-def _take(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, states: np.ndarray,
+def _take(target: np.ndarray, norms: np.ndarray, argmax: np.ndarray, states: np.ndarray,
           row: int, out: np.ndarray) -> np.float32:  # fmt: skip
     """Compute the statistics of target row ``row`` if it is free (claimed first, published
     after): the sum of ``exp(z)``, each then in ``out``; NaN where another thread has it."""
     if atomics.read(states, row) != _FREE or not atomics.claim(states, row, _FREE, _TAKEN):
         return np.float32(np.nan)
-    total = _norm_into(target, stats, argmax, row, out)
+    total = _norm_into(target, norms, argmax, row, out)
     atomics.publish(states, row, _COMPUTED)
     return total
 
@@ -297,27 +297,27 @@ not running, on a machine with more threads than cores)."""
 
 
 @njit(inline="always")
-def _settle(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, states: np.ndarray,
+def _settle(target: np.ndarray, norms: np.ndarray, argmax: np.ndarray, states: np.ndarray,
             row: int, out: np.ndarray, own: np.ndarray) -> np.float32:  # fmt: skip
     """Make the statistics of a sampled sequence's target row known, into ``own``
     (``[4, 1]``): computed here unless another thread has computed them, or is computing them
     (then wait for it, or compute them here without writing the shared ones if it is late).
     Returns the sum of ``exp(z)`` where computed here (each ``exp(z)`` then in ``out``), else
     NaN."""
-    total = _take(target, stats, argmax, states, row, out)
+    total = _take(target, norms, argmax, states, row, out)
     reads = 0
     while atomics.read(states, row) == _TAKEN:
         reads += 1
         if reads > _PATIENCE * target.shape[1]:
-            own[1, 0] = stats[1, row]
+            own[1, 0] = norms[1, row]
             _shift(target[row], own, 0, np.empty(0, np.float32))
             return _log_norm(target[row], own, 0, out)
-    own[:, 0] = stats[:, row]
+    own[:, 0] = norms[:, row]
     return total
 
 
 @njit
-def _help(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layout: np.ndarray,
+def _help(target: np.ndarray, norms: np.ndarray, argmax: np.ndarray, layout: np.ndarray,
           states: np.ndarray, walked: np.ndarray) -> None:  # fmt: skip
     """Compute, ahead of the threads walking them, the statistics of rows of sampled
     sequences still being walked, for a thread left without a sequence of its own: every
@@ -330,13 +330,13 @@ def _help(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layout: np.
         n = 1
         while n < _rows_read(layout, b) and atomics.read(walked, b) == 0:
             row = min(layout[2, b] + n, rows - 1)
-            _take(target, stats, argmax, states, row, scratch)
+            _take(target, norms, argmax, states, row, scratch)
             n += 2
 
 
 @njit
-def _verify_one(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layout: np.ndarray,
-                ids: np.ndarray, draft: np.ndarray, draft_stats: np.ndarray,
+def _verify_one(target: np.ndarray, norms: np.ndarray, argmax: np.ndarray, layout: np.ndarray,
+                ids: np.ndarray, draft: np.ndarray, draft_norms: np.ndarray,
                 uniforms: np.ndarray, token_ids: np.ndarray,
                 num_accepted: np.ndarray, states: np.ndarray, walked: np.ndarray, b: int
                 ) -> None:  # fmt: skip
@@ -347,23 +347,23 @@ def _verify_one(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layou
     q_row = np.empty(0 if greedy else vocab, np.float32)
     exps, exps_total = -1, np.float32(1.0)  # the row whose exp(z) q_row holds, and its sum
     own = np.empty((4, 1), np.float32)  # the statistics of a sampled row being read
-    d_known = -1  # the draft logits row whose statistics draft_stats holds
+    d_known = -1  # the draft logits row whose statistics draft_norms holds
     n = 0
     while n < drafts:
         x, row = ids[first + n], min(start + n, rows - 1)
         if greedy:
-            if x < 0 or x >= vocab or np.isnan(stats[2, row]) or x != argmax[row]:
+            if x < 0 or x >= vocab or np.isnan(norms[2, row]) or x != argmax[row]:
                 break
         else:
-            total = _settle(target, stats, argmax, states, row, q_row, own)
+            total = _settle(target, norms, argmax, states, row, q_row, own)
             if not np.isnan(total):
                 exps, exps_total = row, total
             if x < 0 or x >= vocab or np.isnan(own[2, 0]):
                 break
             q = np.float64(prob(target[row, x], own[0, 0], own[1, 0], own[2, 0], own[3, 0]))
-            if draft_stats.shape[1]:
-                d_known = _draft_norm(draft, draft_stats, first + n, d_known)
-            if not uniforms[b, n] * _draft_prob(draft, draft_stats, first + n, x) < q:
+            if draft_norms.shape[1]:
+                d_known = _draft_norm(draft, draft_norms, first + n, d_known)
+            if not uniforms[b, n] * _draft_prob(draft, draft_norms, first + n, x) < q:
                 break
         n += 1
     row = min(start + n, rows - 1)
@@ -373,7 +373,7 @@ def _verify_one(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layou
     elif greedy:
         final = argmax[row]
     else:
-        total = _settle(target, stats, argmax, states, row, q_row, own)
+        total = _settle(target, norms, argmax, states, row, q_row, own)
         if not np.isnan(total):
             exps, exps_total = row, total
         computed = atomics.read(states, row) != _KNOWN  # by the kernel, with _exp_sum_into
@@ -389,11 +389,11 @@ def _verify_one(target: np.ndarray, stats: np.ndarray, argmax: np.ndarray, layou
         x = ids[first + n] if n < drafts else -1
         d_row = min(first + n, max(ids.shape[0] - 1, 0))
         u = uniforms[b, final_column]
-        if n < drafts and draft.shape[0] and draft_stats.shape[1] == 0 and draft.itemsize == 4:
+        if n < drafts and draft.shape[0] and draft_norms.shape[1] == 0 and draft.itemsize == 4:
             final = draw_residual(q_row, draft[d_row], u)  # float32 probabilities, as given
         else:
             p_row = np.empty(vocab, np.float32)
-            _draft_row(draft, draft_stats, d_row, x, n < drafts, d_known, p_row)
+            _draft_row(draft, draft_norms, d_row, x, n < drafts, d_known, p_row)
             final = draw_residual(q_row, p_row, u)
     atomics.publish(walked, b, 1)
     emit(token_ids, num_accepted, ids, b, first, n, final)
@@ -414,7 +414,7 @@ def emit(token_ids: np.ndarray, num_accepted: np.ndarray, ids: np.ndarray, b: in
 def chain_logits(
     step: tuple,
     draft: np.ndarray,
-    draft_stats: np.ndarray,
+    draft_norms: np.ndarray,
     uniforms: np.ndarray,
     token_ids: np.ndarray,
     num_accepted: np.ndarray,
@@ -426,12 +426,12 @@ def chain_logits(
     :func:`specsample.kernels.cpu.gumbel.gumbel_logits`):
 
     - ``target``: ``[rows, vocab]`` float32 logits;
-    - ``stats``: ``[4, rows]`` float32 shift, inverse temperature, cutoff and log-norm of each
+    - ``norms``: ``[4, rows]`` float32 shift, inverse temperature, cutoff and log-norm of each
       target row (the log-norm NaN where not yet computed, for a row with no filter);
     - ``argmax``: ``[rows]`` int64;
     - ``lazy``: ``[rows]`` bool, the rows of sampled sequences whose shift, argmax and
       log-norm are left to the walk, which computes those of the rows it reads (their values
-      in ``stats`` and ``argmax`` are not read); empty for none;
+      in ``norms`` and ``argmax`` are not read); empty for none;
     - ``layout``: ``[5, batch]`` int64 drafts, first draft row, first target row, greedy,
       and the given bonus token (or -1) of each sequence;
     - ``ids``: ``[total_drafts]`` int64 drafts.
@@ -439,7 +439,7 @@ def chain_logits(
     Then:
 
     - ``draft``: ``[total_drafts, vocab]`` probabilities, or logits with their
-      ``draft_stats`` ``[4, total_drafts]`` (``[4, 0]`` with probabilities); ``[0, 0]`` for
+      ``draft_norms`` ``[4, total_drafts]`` (``[4, 0]`` with probabilities); ``[0, 0]`` for
       one-hot drafts;
     - ``uniforms``: ``[batch, max_drafts + 1]`` float64 (``[batch, 0]`` when every request is
       greedy): the accept tests, then the final draw (:func:`specsample.uniforms.step_uniforms`);
@@ -453,7 +453,7 @@ def chain_logits(
     Which thread computes a row's statistics does not change them: the tokens do not depend
     on the threads.
     """
-    target, stats, argmax, lazy, layout, ids = step
+    target, norms, argmax, lazy, layout, ids = step
     batch = layout.shape[1]
     states = _row_states(lazy, layout, target.shape[0])
     walked = np.zeros(batch, np.int64)
@@ -461,10 +461,10 @@ def chain_logits(
     for _ in prange(min(threads, batch + 1)):  # a helper even for one sequence
         b = atomics.fetch_add(taken, 0, 1)
         while b < batch:
-            _verify_one(target, stats, argmax, layout, ids, draft, draft_stats, uniforms,
+            _verify_one(target, norms, argmax, layout, ids, draft, draft_norms, uniforms,
                         token_ids, num_accepted, states, walked, b)  # fmt: skip
             b = atomics.fetch_add(taken, 0, 1)
-        _help(target, stats, argmax, layout, states, walked)
+        _help(target, norms, argmax, layout, states, walked)
 
 
 chain_logits_serial = serial(chain_logits)
@@ -475,22 +475,22 @@ def warm() -> None:
     """Compile the logits kernels for contiguous float32 logits, with each kind of draft
     rows (float32 or float64 probabilities, float32 logits, none), then freeze them."""
     logits = np.zeros((2, 4), np.float32)
-    stats = np.zeros((4, 2), np.float32)
+    norms = np.zeros((4, 2), np.float32)
     argmax = np.zeros(2, np.int64)
     layout = np.array([[1], [0], [0], [0], [-1]], np.int64)
-    fill_norms(logits, stats, argmax, np.ones(2, np.bool_))
+    fill_norms(logits, norms, argmax, np.ones(2, np.bool_))
     fill_norms.disable_compile()
-    for stats_kernel in (row_stats, row_stats_serial):
+    for norms_kernel in (row_norms, row_norms_serial):
         for top_k, limits in ((np.zeros(0, np.int64), np.zeros((2, 0), np.float32)),
                               (np.ones(2, np.int64), np.zeros((2, 2), np.float32))):  # fmt: skip
-            stats_kernel(logits, stats, argmax, True, top_k, limits, np.zeros(0, np.bool_),
+            norms_kernel(logits, norms, argmax, True, top_k, limits, np.zeros(0, np.bool_),
                          np.zeros(2, np.bool_))  # fmt: skip
-        stats_kernel.disable_compile()
+        norms_kernel.disable_compile()
     for chain in (chain_logits, chain_logits_serial):
         for draft in (np.zeros((1, 4), np.float32), np.zeros((1, 4), np.float64)):
-            step = (logits, stats, argmax, np.zeros(0, np.bool_), layout, np.zeros(1, np.int64))
+            step = (logits, norms, argmax, np.zeros(0, np.bool_), layout, np.zeros(1, np.int64))
             chain(
-                step, draft, stats,
+                step, draft, norms,
                 np.full((1, 2), 0.5), np.zeros((1, 2), np.int64), np.zeros(1, np.int64), 2,
             )  # fmt: skip
         chain.disable_compile()

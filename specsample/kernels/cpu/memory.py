@@ -2,7 +2,7 @@
 
 A kernel called with NumPy views of tensors builds those views at every call, and the first
 ``tensor.numpy()`` of a call made with cold caches costs tens of microseconds. A kernel
-called with each tensor's address and strides instead (:func:`specsample.backends.cpu.memory`:
+called with each tensor's address and strides instead (:func:`specsample.kernels.cpu.launch.memory`:
 ``(tensor.data_ptr(), *tensor.stride())``, strides in elements) gets ints and tuples of ints,
 which numba's dispatcher types without touching NumPy. Inside the kernel, :func:`load` reads
 one element, :func:`store` writes one, and :func:`row` makes an array of contiguous elements

@@ -66,6 +66,21 @@ if triton is not None:
     if INTERPRETED:
 
         @triton.jit
+        def _log(x):
+            """``log(x)`` in ``x``'s precision (NumPy's, under the interpreter)."""
+            return tl.log(x)
+
+    else:
+
+        @triton.jit
+        def _log(x):
+            """``log(x)`` in ``x``'s precision by the CUDA math library (libdevice ``log`` for
+            float64, ``logf`` for float32)."""
+            return libdevice.log(x)
+
+    if INTERPRETED:
+
+        @triton.jit
         def _bound(x):
             """A loop bound (an argument or a scalar computed in the kernel) as the
             interpreter's ``range`` takes it: a Python int. The interpreter's scalars hold

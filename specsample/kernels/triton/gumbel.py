@@ -87,18 +87,18 @@ def verify_gumbel(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
 
     >>> from specsample import backends, plan, probs
     >>> from specsample.kernels.triton.launch import supports
-    >>> from specsample.params.metadata import BatchLayout
+    >>> from specsample.params.layout import BatchLayout
     >>> logits = torch.tensor([[0.0, 50.0], [50.0, 0.0]])  # a draft row, then the bonus row
-    >>> stats = probs.row_stats(logits, torch.ones(2))
+    >>> norms = probs.row_norms(logits, torch.ones(2))
     >>> keys = torch.tensor([3, 4])
-    >>> planned = plan.Plan(BatchLayout.build([1], logits.device), stats, torch.tensor([False]),
+    >>> planned = plan.Plan(BatchLayout.build([1], logits.device), norms, torch.tensor([False]),
     ...                     None, keys=keys)
     >>> verify = verify_gumbel if supports(logits) else backends.get("torch").gumbel
     >>> verify(LogitsStep(logits, torch.tensor([1]), planned, "gumbel"))
     (tensor([[1, 0]]), tensor([1]))
     """
     plan, bonus = step.plan, step.bonus_token_ids
-    layout, stats = plan.layout, plan.stats
+    layout, norms = plan.layout, plan.norms
     _check_device(step.target_logits, step.draft_token_ids, plan.greedy, plan.keys, bonus)
     device = step.target_logits.device
     width = layout.max_drafts + 1
@@ -113,10 +113,10 @@ def verify_gumbel(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     _kernel()[(layout.batch,)](
         logits,
         logits.stride(0),
-        stats.inv_temperature,
-        stats.cutoff,
-        stats.shift,
-        stats.argmax,
+        norms.inv_temperature,
+        norms.cutoff,
+        norms.shift,
+        norms.argmax,
         plan.keys if plan.keys is not None else stand_in,
         ids,
         layout.target_start,
@@ -141,25 +141,10 @@ def verify_gumbel(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
 if _KERNEL_COPY:
     import triton
     import triton.language as tl
-    from triton.language.extra import libdevice
 
-    from ._common import INTERPRETED, _bound
+    from ._common import _bound, _log
 
     NOISE_MAX: tl.constexpr = tl.constexpr(GUMBEL_MAX)
-
-    if INTERPRETED:
-
-        @triton.jit
-        def _log(x):
-            """``log(x)`` in float64 (NumPy's, under the interpreter)."""
-            return tl.log(x)
-
-    else:
-
-        @triton.jit
-        def _log(x):
-            """``log(x)`` in float64 by the CUDA math library (libdevice ``log``)."""
-            return libdevice.log(x)
 
     @triton.jit
     def _mix32(x):
@@ -204,13 +189,13 @@ if _KERNEL_COPY:
         return best_at
 
     @triton.jit
-    def _sampled_token(logits, stride, stats, keys, row, token, draw, vocab, COLS: tl.constexpr):
+    def _sampled_token(logits, stride, norms, keys, row, token, draw, vocab, COLS: tl.constexpr):
         """Target row ``row``'s keyed Gumbel-max token (int64) when ``draw``, else ``token``.
 
-        ``stats`` is ``(inv_temperature, cutoff, shift)``.
+        ``norms`` is ``(inv_temperature, cutoff, shift)``.
         """
         if draw:
-            inv_t, cutoff, shift = stats
+            inv_t, cutoff, shift = norms
             key = tl.load(keys + row).to(tl.uint32)
             inv = tl.load(inv_t + row)
             cut = tl.load(cutoff + row)
@@ -234,7 +219,7 @@ if _KERNEL_COPY:
         d_first = tl.load(d_start + req).to(tl.int64)
         n = tl.load(n_drafts + req).to(tl.int64)
         sampled = tl.load(greedy + req) == 0
-        stats = (inv_t, cutoff, shift)
+        norms = (inv_t, cutoff, shift)
         count = n * 0
         final = count - 1
         going = count == 0
@@ -247,7 +232,7 @@ if _KERNEL_COPY:
             token = tl.load(argmax + row, mask=read, other=0).to(tl.int64)
             if SAMPLED:
                 token = _sampled_token(
-                    logits, stride, stats, keys, row, token, read & sampled, vocab, COLS
+                    logits, stride, norms, keys, row, token, read & sampled, vocab, COLS
                 )
             if BONUS_IDS:
                 given = tl.load(bonus + req, mask=~drafted, other=0).to(tl.int64)

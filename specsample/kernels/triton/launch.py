@@ -22,8 +22,8 @@ import torch
 
 from specsample.extras import install_command
 from specsample.methods import METHODS, chain_methods
-from specsample.params.metadata import BatchLayout
-from specsample.probs import RowStats
+from specsample.params.layout import BatchLayout
+from specsample.probs import RowNorms
 from specsample.rules.residual import BLOCK
 
 _TRUE = ("1", "true", "on", "yes")
@@ -176,17 +176,17 @@ def _config(device: torch.device, batch: int, vocab: int, k: int, positions: int
 class _Step(NamedTuple):
     """One step as the kernels take it: device tensors, and host-side sizes and switches.
 
-    ``target`` holds ``[rows, vocab]`` probabilities (``target_stats`` None) or logits;
-    ``draft`` dense ``[rows, vocab]`` probabilities, logits (with ``draft_stats``) or None
+    ``target`` holds ``[rows, vocab]`` probabilities (``target_norms`` None) or logits;
+    ``draft`` dense ``[rows, vocab]`` probabilities, logits (with ``draft_norms``) or None
     (one-hot drafts); ``layout`` the ragged layout, or None for the padded ``[batch, k]``
     rules (row ``b * steps[i] + j`` then holds position ``j`` of sequence ``b``); ``rule`` is
     the kernel's ``RULE`` (:func:`_rule_id`: 0 chain, 1 block).
     """
 
     target: torch.Tensor
-    target_stats: RowStats | None
+    target_norms: RowNorms | None
     draft: torch.Tensor | None
-    draft_stats: RowStats | None
+    draft_norms: RowNorms | None
     ids: torch.Tensor
     uniforms: torch.Tensor | None
     layout: BatchLayout | None
@@ -228,24 +228,24 @@ def _arguments(
     device = step.target.device
     floats = torch.empty(1, dtype=torch.float32, device=device)
     longs = torch.empty(1, dtype=torch.int64, device=device)
-    unread = RowStats(floats, floats, floats, longs, floats)
-    stats = step.target_stats if step.target_stats is not None else unread
-    d_stats = step.draft_stats if step.draft_stats is not None else unread
+    unread = RowNorms(floats, floats, floats, longs, floats)
+    norms = step.target_norms if step.target_norms is not None else unread
+    d_norms = step.draft_norms if step.draft_norms is not None else unread
     dense = _nonempty(step.draft, step.target)
     layout, uniforms = step.layout, step.uniforms
     return [
         step.target,
         step.target.stride(0),
-        stats.inv_temperature,
-        stats.cutoff,
-        stats.log_norm,
-        stats.shift,
-        stats.argmax,
+        norms.inv_temperature,
+        norms.cutoff,
+        norms.log_norm,
+        norms.shift,
+        norms.argmax,
         dense,
         dense.stride(0) if dense.dim() == 2 else 0,
-        d_stats.cutoff,
-        d_stats.log_norm,
-        d_stats.shift,
+        d_norms.cutoff,
+        d_norms.log_norm,
+        d_norms.shift,
         _nonempty(step.ids, longs),
         uniforms if uniforms is not None else torch.empty(1, 1, dtype=torch.float64, device=device),
         step.k + 1,
@@ -274,8 +274,8 @@ def _constants(step: _Step, config: _Config) -> dict[str, Any]:
     ``WIDE``: float64 target probabilities with dense draft probabilities, whose block
     masses the rule computes in float64 (see :mod:`specsample.kernels.triton._residual`).
     """
-    draft_mode = 0 if step.draft is None else (2 if step.draft_stats is not None else 1)
-    probs = step.target_stats is None
+    draft_mode = 0 if step.draft is None else (2 if step.draft_norms is not None else 1)
+    probs = step.target_norms is None
     return {
         "R": config.rows,
         "K1": config.k1,

@@ -12,13 +12,13 @@ import torch
 from specsample.kernels.triton.launch import KERNEL_METHODS, _check_device, _launch, _rule_id, _Step
 from specsample.methods import METHODS, check_method
 from specsample.plan import LogitsStep
-from specsample.probs import RowStats, row_stats
+from specsample.probs import RowNorms, row_norms
 from specsample.rules.rows import unit_columns
 
 
 def _dense_draft(
     draft_probs: torch.Tensor | None, draft_logits: torch.Tensor | None
-) -> tuple[torch.Tensor | None, RowStats | None]:
+) -> tuple[torch.Tensor | None, RowNorms | None]:
     """The dense draft rows and, for logits, their statistics; ``(None, None)``: one-hot."""
     draft = draft_probs if draft_probs is not None else draft_logits
     if draft is None or draft.shape[0] == 0:
@@ -26,7 +26,7 @@ def _dense_draft(
     if draft_logits is None:
         return unit_columns(draft), None
     ones = torch.ones(draft.shape[0], device=draft.device)
-    return unit_columns(draft), row_stats(draft, ones)
+    return unit_columns(draft), row_norms(draft, ones)
 
 
 def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,18 +62,18 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     >>> import torch
     >>> from specsample.kernels import triton as kernels
     >>> from specsample.backends import eager
-    >>> from specsample.params.metadata import BatchLayout
+    >>> from specsample.params.layout import BatchLayout
     >>> from specsample.plan import Plan
-    >>> from specsample.probs import row_stats
+    >>> from specsample.probs import row_norms
     >>> logits = torch.tensor([[0.0, 5.0], [5.0, 0.0]])  # a draft row, then the bonus row
-    >>> plan = Plan(BatchLayout.build([1], logits.device), row_stats(logits, torch.ones(2)),
+    >>> plan = Plan(BatchLayout.build([1], logits.device), row_norms(logits, torch.ones(2)),
     ...             torch.tensor([True]), None)
     >>> verify = verify_logits if kernels.supports(logits) else eager.verify_logits
     >>> verify(LogitsStep(logits, torch.tensor([1]), plan))
     (tensor([[1, 0]]), tensor([1]))
     """
     target_logits, draft_token_ids, plan, method, draft_probs, draft_logits, bonus_token_ids = step
-    layout, stats, greedy, uniforms = plan.layout, plan.stats, plan.greedy, plan.uniforms
+    layout, norms, greedy, uniforms = plan.layout, plan.norms, plan.greedy, plan.uniforms
     check_method(method, KERNEL_METHODS)
     if draft_probs is not None and draft_logits is not None:
         raise ValueError("pass draft_probs or draft_logits, not both")
@@ -81,7 +81,7 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     k = layout.max_drafts
     if uniforms is not None and uniforms.shape != (layout.batch, k + 1):
         raise ValueError(f"uniforms must have shape {(layout.batch, k + 1)}")
-    draft, draft_stats = _dense_draft(draft_probs, draft_logits)
+    draft, draft_norms = _dense_draft(draft_probs, draft_logits)
     sampled = layout.total_drafts > 0 and uniforms is not None
     if sampled and METHODS[method].needs_draft_probs and draft is None:
         raise ValueError(
@@ -90,9 +90,9 @@ def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
         )
     launched = _Step(
         target=unit_columns(target_logits),
-        target_stats=stats,
+        target_norms=norms,
         draft=draft,
-        draft_stats=draft_stats,
+        draft_norms=draft_norms,
         ids=draft_token_ids,
         uniforms=uniforms.contiguous() if uniforms is not None else None,
         layout=layout,

@@ -53,9 +53,9 @@ def _padded_step(step: ChainStep, rule: int) -> _Step | None:
     draft_rows, draft_step = flat_rows(draft_probs)
     return _Step(
         target=unit_columns(target_rows),
-        target_stats=None,
+        target_norms=None,
         draft=unit_columns(draft_rows),
-        draft_stats=None,
+        draft_norms=None,
         ids=draft_token_ids.contiguous(),
         uniforms=uniforms.contiguous(),
         layout=None,
