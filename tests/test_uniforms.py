@@ -52,3 +52,15 @@ def test_uniforms_are_the_accept_tests_then_the_final_draw(
         final = seeding.draw(CPU, [(Stream.FINAL, stripe(at, 3, 1, 1, CPU))])
         assert torch.equal(got[[0, 2], :k], accept[[0, 2]])
         assert torch.equal(got[[0, 2], k], final[[0, 2], 0])
+
+
+def test_a_rows_own_generator_gives_its_final_draw_first_whatever_the_width() -> None:
+    """A row with a generator of its own reads that generator's first number as its final
+    draw and the next ones as its accept tests, at any padded width of the batch."""
+    for k in (1, 3, 6):
+        own = torch.Generator().manual_seed(9)
+        seeding = Seeding.build(2, CPU, generators={1: own})
+        got = step_uniforms(seeding, k, CPU)[1]
+        numbers = torch.rand(k + 1, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+        assert torch.equal(got[k], numbers[0])
+        assert torch.equal(got[:k], numbers[1:])
