@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import torch
 
+from specsample import BatchLayout
 from specsample.api import verify, verify_tree
 from specsample.generate.sampling import SamplingState
 from specsample.params import DraftTree
-from specsample.params.layout import BatchLayout
 from specsample.rules.tree.structure import TreeVerifyResult
 
 
