@@ -89,25 +89,32 @@ NUDGES = (1e-12, -1e-12, 1e-9, -1e-9, 1e-6, -1e-6)
 # --------------------------------------------------------------------------------------
 
 
+INTERPRETED_GROUPS = {
+    "exactness": (["test_kernels"], "kernels_are_exact"),
+    "parity": (
+        ["test_kernels", "test_kernel_masses", "test_values_and_strides"],
+        "not kernels_are_exact",
+    ),
+    "logits": (["test_kernels_gumbel", "test_kernels_norms", "test_kernels_filters"], ""),
+}
+"""The tests whose Triton cases need the interpreter: modules and a ``-k`` expression, in
+groups of similar length (each group a process of its own, so that test workers share
+them). This module's exactness tests are a group of their own; every other test of it runs
+with the ``parity`` group."""
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
 @pytest.mark.skipif(IN_PROCESS, reason="already running under TRITON_INTERPRET=1")
-def test_kernels_under_the_interpreter() -> None:
-    """Every test of this module, ``test_kernel_masses.py``, ``test_values_and_strides.py``,
-    ``test_kernels_gumbel.py`` and ``test_kernels_norms.py`` (whose Triton cases need the
-    interpreter), in a fresh process with ``TRITON_INTERPRET=1`` from the start."""
+@pytest.mark.parametrize("group", list(INTERPRETED_GROUPS))
+def test_kernels_under_the_interpreter(group: str) -> None:
+    """The tests of a group of :data:`INTERPRETED_GROUPS`, in a fresh process with
+    ``TRITON_INTERPRET=1`` from the start."""
     env = dict(os.environ, TRITON_INTERPRET="1")
     here = os.path.dirname(__file__)
-    others = [
-        os.path.join(here, f"{name}.py")
-        for name in (
-            "test_kernel_masses",
-            "test_values_and_strides",
-            "test_kernels_gumbel",
-            "test_kernels_norms",
-        )
-    ]
-    command = [sys.executable, "-m", "pytest", __file__, *others, "-p", "no:cacheprovider"]
+    names, expression = INTERPRETED_GROUPS[group]
+    files = [os.path.join(here, f"{name}.py") for name in names]
+    command = [sys.executable, "-m", "pytest", *files, "-k", expression, "-p", "no:cacheprovider"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert " passed" in done.stdout and " failed" not in done.stdout, done.stdout[-3000:]

@@ -6,8 +6,8 @@ the argmax (first index on ties, 0 for a row without a distribution), cutoff and
 exactly, ``log_norm`` to float32 rounding, on random, tied, all ``-inf``, NaN-containing and
 ``+inf`` rows, greedy, sampled and mixed batches, with and without ``need_norm``, float32,
 float16, bfloat16 and float64 logits, vocabularies of one block, of several with a partial
-last one, and split among programs (the combining launch). A batch with a top-k, top-p or
-min-p filter takes PyTorch's statistics, bit for bit. End to end,
+last one, and split among programs (the combining launch).
+Filtered batches are ``tests/test_kernels_filters.py``'s. End to end,
 :func:`specsample.verify` with ``backend="triton"`` emits the tokens of ``backend="torch"``
 on the same seeds: chain and block, greedy, sampled, mixed and filtered requests, ragged
 counts with zeros, draft probabilities, draft logits and one-hot drafts.
@@ -42,16 +42,6 @@ def test_triton_backend_runs_the_statistics_kernel() -> None:
     """The Triton backend's statistics slot is the kernel's; the PyTorch backend keeps its."""
     assert backends.get("triton").row_norms is triton_backend.row_norms
     assert backends.get("torch").row_norms is eager.row_norms
-
-
-def test_filtered_batches_are_told_apart_on_the_host() -> None:
-    """A batch goes to PyTorch's statistics exactly when a request may have a filter."""
-    cpu = torch.device("cpu")
-    assert not norms._filtered(SamplingMetadata.build(2, cpu, temperature=[0.0, 0.7]))
-    assert not norms._filtered(SamplingMetadata.build(2, cpu, temperature=0.0, top_k=5))
-    filters: dict[str, Any] = {"top_k": 5, "top_p": 0.9, "min_p": 0.1}
-    for name, value in filters.items():
-        assert norms._filtered(SamplingMetadata.build(2, cpu, **{name: value}))
 
 
 def _rows(vocab: int, seed: int) -> torch.Tensor:
@@ -129,19 +119,6 @@ def test_strided_rows_and_empty_batches() -> None:
     assert empty.lazy is None and all(field.shape == (0,) for field in empty[:5])
 
 
-@requires_interpreter
-def test_filtered_batches_take_pytorch_statistics() -> None:
-    """A batch with a filter gets exactly :func:`specsample.probs.sampling_norms`."""
-    logits = _rows(30, seed=2)
-    options: dict[str, Any] = {"temperature": [0.0, 0.9] * 6, "top_k": 4, "top_p": 0.8}
-    sampling = SamplingMetadata.build(12, logits.device, **options)
-    kernel = triton_backend.row_norms(logits, sampling)
-    reference = sampling_norms(logits, sampling)
-    assert kernel.lazy is None and reference.lazy is None
-    for ours, theirs in zip(kernel[:5], reference[:5], strict=True):
-        assert torch.equal(ours.nan_to_num(7.0), theirs.nan_to_num(7.0))
-
-
 def test_bad_arguments_are_refused_by_name() -> None:
     """Types, dtypes and shapes are checked before any kernel runs."""
     with pytest.raises(TypeError, match="logits"):
@@ -162,7 +139,12 @@ END_TO_END: dict[str, dict[str, Any]] = {
     "sampled": {"temperature": 0.8},
     "greedy": {"temperature": 0.0},
     "mixed": {"temperature": [0.0, 0.7, 1.0, 0.0, 1.3, 0.9]},
-    "filtered": {"temperature": [0.0, 0.7, 1.0, 0.0, 1.3, 0.9], "top_k": 5, "min_p": 0.05},
+    "filtered": {
+        "temperature": [0.0, 0.7, 1.0, 0.0, 1.3, 0.9],
+        "top_k": [5, 0, 40, 5, 0, 3],
+        "top_p": [1.0, 0.9, 0.8, 1.0, 0.95, 1.0],
+        "min_p": 0.05,
+    },
 }
 COUNTS = [3, 0, 2, 4, 1, 0]
 

@@ -4,7 +4,8 @@ Same arguments and results as :mod:`specsample.backends.eager` on the same unifo
 floating-point ties at a boundary of the inverse CDF). It runs on CUDA tensors, and on CPU
 tensors under Triton's interpreter (``TRITON_INTERPRET=1``, for tests). The statistics of a
 step's plan come from the row-statistics kernel (:mod:`specsample.kernels.triton.norms`),
-which reads each row once, unless a request has a top-k, top-p or min-p filter.
+which reads each row once, and, where a request has a top-k, top-p or min-p filter, the
+filter kernel after it (:mod:`specsample.kernels.triton.filters`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from specsample.kernels import triton as kernels
-from specsample.kernels.triton import gumbel, norms
+from specsample.kernels.triton import filters, gumbel
 from specsample.params.metadata import SamplingMetadata
 from specsample.plan import LogitsStep
 from specsample.probs import RowNorms
@@ -22,8 +23,8 @@ from specsample.rules.chain import PaddedRule
 def row_norms(
     logits: torch.Tensor, sampling: SamplingMetadata, *, need_norm: bool = False
 ) -> RowNorms:
-    """:func:`specsample.backends.eager.row_norms` by the row-statistics kernel
-    (:func:`specsample.kernels.triton.norms.row_norms`; same arguments, the same results up
+    """:func:`specsample.backends.eager.row_norms` by the statistics and filter kernels
+    (:func:`specsample.kernels.triton.filters.row_norms`; same arguments, the same results up
     to float32 rounding of ``log_norm``).
 
     Examples
@@ -36,7 +37,7 @@ def row_norms(
     >>> compute(logits, meta).argmax.tolist()
     [1]
     """
-    return norms.row_norms(logits, sampling, need_norm=need_norm)
+    return filters.row_norms(logits, sampling, need_norm=need_norm)
 
 
 def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:

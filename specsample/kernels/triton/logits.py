@@ -10,23 +10,25 @@ from __future__ import annotations
 import torch
 
 from specsample.kernels.triton.launch import KERNEL_METHODS, _check_device, _launch, _rule_id, _Step
+from specsample.kernels.triton.norms import logit_norms
 from specsample.methods import METHODS, check_method
 from specsample.plan import LogitsStep
-from specsample.probs import RowNorms, row_norms
+from specsample.probs import RowNorms
 from specsample.rules.rows import unit_columns
 
 
 def _dense_draft(
     draft_probs: torch.Tensor | None, draft_logits: torch.Tensor | None
 ) -> tuple[torch.Tensor | None, RowNorms | None]:
-    """The dense draft rows and, for logits, their statistics; ``(None, None)``: one-hot."""
+    """The dense draft rows and, for logits, their statistics (one pass of the row-statistics
+    kernel); ``(None, None)``: one-hot."""
     draft = draft_probs if draft_probs is not None else draft_logits
     if draft is None or draft.shape[0] == 0:
         return None, None
     if draft_logits is None:
         return unit_columns(draft), None
-    ones = torch.ones(draft.shape[0], device=draft.device)
-    return unit_columns(draft), row_norms(draft, ones)
+    ones = torch.ones(draft.shape[0], dtype=torch.float32, device=draft.device)
+    return unit_columns(draft), logit_norms(draft, ones)
 
 
 def verify_logits(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:

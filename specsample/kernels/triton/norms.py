@@ -35,11 +35,9 @@ every logit is still read once. Under Triton's interpreter a program handles man
 time. Every launch parameter comes from shapes and the device's multiprocessor count:
 nothing reads a device tensor, and nothing synchronises.
 
-:func:`row_norms` is the Triton backend's statistics of a plan
-(:func:`specsample.backends.eager.row_norms`, same arguments and results): the kernel for
-every batch without a filter, :func:`specsample.probs.sampling_norms` (PyTorch) for a batch
-where some request has a top-k, top-p or min-p filter (their thresholds are order
-statistics), so its results are PyTorch's.
+:func:`specsample.kernels.triton.filters.row_norms`, the Triton backend's statistics of a
+plan, runs it for every batch, and the filter kernel after it for a batch where a request
+may have a top-k, top-p or min-p filter.
 
 The module is imported twice, as :mod:`specsample.kernels.triton.gumbel` is: as the host
 side, which never imports triton, and, on the first launch in a mode, as that mode's kernel
@@ -61,8 +59,7 @@ from specsample.kernels.triton.launch import (
     interpreting,
     mode_kernel,
 )
-from specsample.params.metadata import SamplingMetadata
-from specsample.probs import RowNorms, sampling_norms
+from specsample.probs import RowNorms
 from specsample.rules.rows import unit_columns
 
 COLUMNS = 2048
@@ -123,12 +120,6 @@ def _config(device: torch.device, rows: int, vocab: int) -> _Config:
     splits = -(-n_blocks // per_split)
     warps = 8 if cols >= 2048 else 4
     return _Config(per_program, cols, n_blocks, splits, per_split, warps)
-
-
-def _filtered(sampling: SamplingMetadata) -> bool:
-    """Whether some request may have a top-k, top-p or min-p filter (known on the host)."""
-    top_k = sampling.top_k is not None and sampling.max_top_k != 0
-    return top_k or sampling.top_p is not None or sampling.min_p is not None
 
 
 def _check(logits: torch.Tensor, inv_temperature: torch.Tensor) -> None:
@@ -252,51 +243,6 @@ def _launch(logits: torch.Tensor, norms: RowNorms, need_norm: bool) -> None:
         return
     kernel[(tiles, config.splits)](*args, **constants, PHASE=_PARTIAL)
     kernel[(tiles,)](*args, **constants, PHASE=_COMBINE)
-
-
-def row_norms(
-    logits: torch.Tensor, sampling: SamplingMetadata, *, need_norm: bool = False
-) -> RowNorms:
-    """The statistics of ``[rows, vocab]`` logits, each row processed with its parameters in
-    ``sampling``: :func:`specsample.backends.eager.row_norms` by the kernel.
-
-    The normalisers of every row are computed when a request samples or with
-    ``need_norm``, else the argmaxes alone (any filter then plays no part). A batch where
-    some request may have a top-k, top-p or min-p filter takes its normalisers from
-    :func:`specsample.probs.sampling_norms`; every other batch (greedy, temperature alone,
-    or both mixed) reads its rows once, in the kernel (:func:`logit_norms`).
-
-    Parameters
-    ----------
-    logits : torch.Tensor
-        ``[rows, vocab]`` float32, float16, bfloat16 or float64.
-    sampling : SamplingMetadata
-        One set of parameters per row (``[rows]`` tensors).
-    need_norm : bool
-        Compute the normalisers even when every row is greedy.
-
-    Returns
-    -------
-    RowNorms
-        ``[rows]`` each, as :func:`specsample.probs.sampling_norms` gives them (``log_norm``
-        to float32 rounding).
-
-    Examples
-    --------
-    >>> import torch
-    >>> from specsample.kernels import triton as kernels
-    >>> from specsample.backends import eager
-    >>> meta = SamplingMetadata.build(2, torch.device("cpu"), temperature=[0.0, 0.5])
-    >>> logits = torch.tensor([[1.0, 3.0, 2.0], [4.0, 0.0, 4.0]])
-    >>> compute = row_norms if kernels.supports(logits) else eager.row_norms
-    >>> s = compute(logits, meta)
-    >>> s.argmax.tolist(), s.shift.tolist(), round(float(s.log_norm[1]), 4)
-    ([1, 0], [3.0, 4.0], 0.6933)
-    """
-    norm = need_norm or not sampling.all_greedy
-    if norm and _filtered(sampling):
-        return sampling_norms(logits, sampling, need_norm=True)
-    return logit_norms(logits, sampling.inv_temperature, need_norm=norm)
 
 
 if _KERNEL_COPY:

@@ -1,0 +1,146 @@
+"""The row-statistics and filter kernels compile for a GPU, on a machine without one.
+
+Triton's interpreter runs a kernel's Python, not what Triton makes of it for a GPU: a kernel
+can pass every interpreted test and still fail to compile (an operation the compiler does
+not take, a loop-carried value whose type changes) or spill to local memory. Triton's wheel
+carries NVIDIA's assembler, so each kernel here is compiled, front end to machine code, for
+an H100 (``sm_90``) with the launch parameters a GPU run uses, for every combination of its
+compile-time switches and each logit dtype, and its machine code is checked to use no local
+memory (no spilled registers). Skipped without triton or its NVIDIA back end, and inside the
+interpreter's process.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import re
+import subprocess
+import tempfile
+from typing import Any
+
+import pytest
+
+from specsample.kernels.triton import filters, norms
+from specsample.kernels.triton.launch import mode_kernel
+from tests.test_kernels import IN_PROCESS
+
+pytestmark = [
+    pytest.mark.skipif(
+        importlib.util.find_spec("triton") is None, reason="triton is not installed"
+    ),
+    pytest.mark.skipif(IN_PROCESS, reason="compiles kernels: not under TRITON_INTERPRET=1"),
+    pytest.mark.slow,
+]
+
+DTYPES = ("fp32", "fp16", "bf16", "fp64")
+H100 = ("cuda", 90, 32)
+
+
+def _compile(module: str, name: str, types: dict[str, str], constants: dict[str, Any]) -> Any:
+    """Kernel ``name`` of ``module`` compiled for an H100 with the given argument types."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if "nvidia" not in triton.backends.backends:
+        pytest.skip("triton has no NVIDIA back end here")
+    kernel = mode_kernel(module, name)
+    options = {k: constants.pop(k) for k in ("num_warps", "enable_fp_fusion") if k in constants}
+    signature = {a: "constexpr" if a in constants else types[a] for a in kernel.arg_names}
+    source = ASTSource(kernel, signature, constexprs=constants)
+    return triton.compile(source, target=GPUTarget(*H100), options=options)
+
+
+def _local_memory(compiled: Any) -> int:
+    """Bytes of local memory per thread the machine code uses: its stack frame (where
+    registers spill) and any other local memory."""
+    import triton
+
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "kernel.cubin")
+        with open(path, "wb") as file:
+            file.write(compiled.asm["cubin"])
+        usage = subprocess.run(
+            [os.path.join(tools, "cuobjdump"), "--dump-resource-usage", path],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    found = [re.search(rf"{name}:(\d+)", usage) for name in ("STACK", "LOCAL")]
+    assert all(found), usage
+    return sum(int(match.group(1)) for match in found if match)
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton's compiled kernels go to a folder of the test's, not the user's cache."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_statistics_kernel_compiles_without_spilling(dtype: str) -> None:
+    """Every phase (whole rows, split rows, combining), with and without normalisers."""
+    types = {
+        "logits": f"*{dtype}",
+        "stride": "i64",
+        "inv_t": "*fp32",
+        "cutoff": "*fp32",
+        "log_norm": "*fp32",
+        "shift": "*fp32",
+        "argmax": "*i64",
+        "partial": "*fp64",
+        "first": "*i64",
+        "rows_total": "i32",
+        "vocab": "i32",
+        "n_blocks": "i32",
+        "splits": "i32",
+        "iters_per_split": "i32",
+    }
+    for phase, norm in itertools.product((0, 1, 2), (False, True)):
+        constants = {
+            "R": 1,
+            "COLS": norms.COLUMNS,
+            "SPLITS_PAD": 64,
+            "WIDE": dtype == "fp64",
+            "NORM": norm,
+            "PHASE": phase,
+            "num_warps": 8,
+            "enable_fp_fusion": False,
+        }
+        compiled = _compile("norms", "_stats_kernel", types, constants)
+        assert _local_memory(compiled) == 0, (phase, norm)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_filter_kernel_compiles_without_spilling(dtype: str) -> None:
+    """Every combination of top-k, top-p and min-p."""
+    types = {
+        "logits": f"*{dtype}",
+        "stride": "i64",
+        "inv_t": "*fp32",
+        "shift": "*fp32",
+        "cutoff": "*fp32",
+        "log_norm": "*fp32",
+        "top_k": "*i64",
+        "top_p": "*fp32",
+        "min_cut": "*fp32",
+        "rows_total": "i32",
+        "vocab": "i32",
+        "n_blocks": "i32",
+    }
+    for has_k, has_p, has_min in itertools.product((False, True), repeat=3):
+        constants = {
+            "R": 1,
+            "COLS": filters.COLUMNS,
+            "P": filters.PIVOTS,
+            "HAS_K": has_k,
+            "HAS_P": has_p,
+            "HAS_MIN": has_min,
+            "num_warps": 4,
+            "enable_fp_fusion": False,
+        }
+        compiled = _compile("filters", "_filter_kernel", types, constants)
+        assert _local_memory(compiled) == 0, (has_k, has_p, has_min)
