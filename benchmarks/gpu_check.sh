@@ -6,8 +6,8 @@
 #   The interpreter defaults to $PYTHON, then ./.venv/bin/python, then python3.
 #   Environment: CPU_TIMEOUT, GPU_TIMEOUT (seconds, default 270 each; both parts run side by
 #   side), VLLM_TIMEOUT (default 900, the vLLM serving benchmark, after them), CPU_TESTS (the
-#   pytest arguments of the CPU part, default tests/test_kernels.py and
-#   tests/test_kernels_stats.py), REQUIRE_GPU=1 (exit 3
+#   pytest arguments of the CPU part, default tests/test_kernels.py,
+#   tests/test_kernels_norms.py and tests/test_kernels_filters.py), REQUIRE_GPU=1 (exit 3
 #   when no GPU is visible instead of 0, and 2 without triton instead of skipping).
 # Exit status: 0 all run parts passed (or, without triton, one "skipped: ..." line), 1 a part
 #   failed, 2 set-up error, 3 GPU required but absent.
@@ -38,7 +38,7 @@ if ! "$python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec
   echo "skipped: gpu_check.sh: triton is not installed for '$python': pip install 'specsample[triton]'"
   exit 0
 fi
-read -r -a cpu_tests <<<"${CPU_TESTS:-tests/test_kernels.py tests/test_kernels_stats.py}"
+read -r -a cpu_tests <<<"${CPU_TESTS:-tests/test_kernels.py tests/test_kernels_norms.py tests/test_kernels_filters.py}"
 
 timed_out() {
   if [[ $1 -eq 124 ]]; then echo ", timed out"; fi

@@ -21,7 +21,9 @@ timed on the device (:func:`specsample.timing.per_call`):
      target row once (the statistics of its normaliser) and one target row and one draft row
      per sequence (the residual);
    * the row statistics alone (the Triton backend's ``row_norms`` against
-     :func:`specsample.backends.eager.row_norms`), which must read every target row once.
+     :func:`specsample.backends.eager.row_norms`), which must read every target row once,
+     at the temperature alone and with top-k 50 and top-p 0.9 (:data:`FILTERS`: the filter
+     kernel's searches read a row several times).
 
 All three use draft probabilities and temperature 0.8, float32 rows. Bandwidth figures count
 only those bytes: a path reading more (several passes, temporaries) shows as a lower figure.
@@ -59,6 +61,8 @@ PEAK_BANDWIDTH = (
 """Peak memory bandwidth (bytes/s) of devices whose name contains the text (first match)."""
 
 TEMPERATURE = 0.8
+FILTERS = {"top_k": 50, "top_p": 0.9}
+"""The filters of the filtered row-statistics lines."""
 
 
 def peak_bandwidth(name: str) -> float | None:
@@ -230,10 +234,12 @@ def _bandwidth_rows(
         except Exception as exc:
             lines.append(f"    logits, vLLM: failed: {type(exc).__name__}: {str(exc)[:80]}")
     rows = case.logits.shape[0]
-    sampling = SamplingMetadata.build(rows, device, temperature=TEMPERATURE)
-    for name, norms in (("torch", eager.row_norms), ("triton", triton_backend.row_norms)):
-        seconds = _time(partial(norms, case.logits, sampling), device, iters)
-        lines.append(_row(f"row statistics, {name}", rows * row_bytes, seconds, peak))
+    for filters, options in (("", {}), (" top-k/p", FILTERS)):
+        sampling = SamplingMetadata.build(rows, device, temperature=TEMPERATURE, **options)
+        for name, norms in (("torch", eager.row_norms), ("triton", triton_backend.row_norms)):
+            seconds = _time(partial(norms, case.logits, sampling), device, iters)
+            label = f"row statistics{filters}, {name}"
+            lines.append(_row(label, rows * row_bytes, seconds, peak))
     return lines
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +71,7 @@ TINY = {
     ),
     "compare_rules.py": Tiny("--families random --k 1 2 --rows 2 --vocab 8", "chain"),
     "compile_time.py": Tiny("sampler --backend eager", "equal to eager: True"),
+    "filter_passes.py": Tiny("--vocab 300 --rows 2 --pivots 8", "| 8 | top-p 0.9 |"),
     "gpu_check.py": Tiny("--smoke --rows 400 --skip exactness", "0 failed check(s)"),
     "gpu_check.sh": Tiny(
         "{python}",
@@ -262,3 +264,12 @@ def test_bench_gguf_reports_where_greedy_outputs_first_differ(
     assert module.first_difference([1, 2], [1, 2, 3]) == 2
     line = module.compare("a vs b", [[1, 2], [3, 4], [5, 6]], [[1, 2], [3, 0], [0, 6]])
     assert line == "a vs b: identical on 1/3 prompts; first differing position elsewhere: 1, 0"
+
+
+def test_gpu_check_sh_runs_test_files_that_exist() -> None:
+    """The default CPU part of ``gpu_check.sh`` names kernel test modules of this checkout."""
+    text = (BENCHMARKS / "gpu_check.sh").read_text()
+    found = re.search(r"\$\{CPU_TESTS:-([^}]*)\}", text)
+    assert found, "no default CPU_TESTS in gpu_check.sh"
+    files = found.group(1).split()
+    assert files and all((ROOT / name).is_file() for name in files), files

@@ -17,6 +17,7 @@ in-process when ``pytest`` itself was started with ``TRITON_INTERPRET=1``.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ import torch
 
 from specsample.backends import triton as triton_backend
 from specsample.kernels.triton import filters
+from specsample.kernels.triton.launch import MODE_PACKAGES
 from specsample.params.metadata import SamplingMetadata
 from specsample.probs import RowNorms, sampling_norms
 from tests.test_kernels import requires_interpreter
@@ -126,3 +128,32 @@ def test_the_backend_runs_the_filter_kernel_only_when_it_is_needed() -> None:
     _assert_same(triton_backend.row_norms(logits, some), sampling_norms(logits, some))
     empty = filters.filtered_norms(torch.zeros(0, 7), SamplingMetadata.build(0, logits.device))
     assert all(field.shape == (0,) for field in empty[:5])
+
+
+@requires_interpreter
+def test_a_search_takes_at_most_eleven_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 8 pivots a pass, each search ends within 11 passes over its row (the span of
+    float32 bit patterns, under 2**31, divided by 8 at each), on random rows and on values
+    one float32 step apart; the passes are counted by wrapping the kernel's pass."""
+    monkeypatch.setattr(filters, "INTERPRETER_PIVOTS", 8)
+    filters._kernel()
+    kernel_module = sys.modules[f"specsample.kernels.triton.{MODE_PACKAGES[True]}.filters"]
+    passes = []
+
+    def counted(*args: Any) -> Any:
+        passes.append(1)
+        return measure(*args)
+
+    measure = kernel_module._measure
+    monkeypatch.setattr(kernel_module, "_measure", counted)
+    gen = torch.Generator().manual_seed(5)
+    dense = torch.full((1, 256), -1.0)
+    dense[0, :128] = (torch.arange(128, dtype=torch.int32) + dense[0, 0].view(torch.int32)).view(
+        torch.float32
+    )
+    for logits in (torch.randn(1, 4000, generator=gen) * 3, dense):
+        for options in ({"top_k": 50}, {"top_p": 0.9}, {"top_k": 100}, {"top_p": 0.3}):
+            sampling = SamplingMetadata.build(1, logits.device, temperature=0.8, **options)
+            passes.clear()
+            _assert_same(filters.filtered_norms(logits, sampling), sampling_norms(logits, sampling))
+            assert 0 < len(passes) <= 11, (options, len(passes))

@@ -48,6 +48,7 @@ import torch
 
 from specsample.kernels.triton.launch import (
     MODE_PACKAGES,
+    _check_device,
     _next_power_of_two,
     interpreting,
     mode_kernel,
@@ -55,6 +56,7 @@ from specsample.kernels.triton.launch import (
 from specsample.kernels.triton.norms import logit_norms
 from specsample.params.metadata import SamplingMetadata
 from specsample.probs import RowNorms
+from specsample.rules.rows import unit_columns
 
 PIVOTS = 8
 """Pivots a compiled program measures per pass of a search (a power of two); read at each
@@ -133,8 +135,10 @@ def filtered_norms(logits: torch.Tensor, sampling: SamplingMetadata) -> RowNorms
     rows, vocab = logits.shape
     if rows == 0:
         return norms
-    if logits.shape[-1] > 1 and logits.stride(-1) != 1:
-        logits = logits.contiguous()
+    top_k = sampling.top_k if sampling.top_k is not None and sampling.max_top_k != 0 else None
+    top_p, min_p = sampling.top_p, sampling.min_p
+    _check_device(logits, top_k, top_p, min_p)
+    logits = unit_columns(logits)
     interpreted = interpreting() or logits.device.type != "cuda"
     cols = min(INTERPRETER_COLUMNS if interpreted else COLUMNS, _next_power_of_two(vocab))
     pivots = INTERPRETER_PIVOTS if interpreted else PIVOTS
@@ -143,9 +147,7 @@ def filtered_norms(logits: torch.Tensor, sampling: SamplingMetadata) -> RowNorms
         per_program = max(
             1, min(_next_power_of_two(rows), _INTERPRETER_ELEMENTS // (cols * pivots))
         )
-    min_p = sampling.min_p
     min_cut = None if min_p is None else torch.where(min_p > 0.0, torch.log(min_p), -math.inf)
-    top_k = sampling.top_k if sampling.top_k is not None and sampling.max_top_k != 0 else None
     _kernel()[(-(-rows // per_program),)](
         logits,
         logits.stride(0),
@@ -153,8 +155,8 @@ def filtered_norms(logits: torch.Tensor, sampling: SamplingMetadata) -> RowNorms
         norms.shift,
         norms.cutoff,
         norms.log_norm,
-        logits if top_k is None else top_k,
-        logits if sampling.top_p is None else sampling.top_p,
+        logits if top_k is None else top_k.contiguous(),
+        logits if top_p is None else top_p.contiguous(),
         logits if min_cut is None else min_cut,
         rows,
         vocab,
@@ -163,7 +165,7 @@ def filtered_norms(logits: torch.Tensor, sampling: SamplingMetadata) -> RowNorms
         COLS=cols,
         P=pivots,
         HAS_K=top_k is not None,
-        HAS_P=sampling.top_p is not None,
+        HAS_P=top_p is not None,
         HAS_MIN=min_cut is not None,
         num_warps=4,
         enable_fp_fusion=False,
@@ -267,15 +269,19 @@ if _KERNEL_COPY:
         return count, mass, above, below, total
 
     @triton.jit
-    def _search(row, active, top, inv, floor, k, top_p, n_blocks, vocab,
+    def _search(row, active, top, inv, floor, need, n_blocks, vocab,
                 COLS: tl.constexpr, P: tl.constexpr, MASS: tl.constexpr):  # fmt: skip
         """The largest value ``t`` of each active row (among its ``z >= floor``) with at
-        least ``k`` of them at or above it, or, with ``MASS``, whose mass at or above it
-        reaches ``top_p`` of theirs; ``-inf`` for inactive rows."""
+        least ``need`` (int64 ``k``) of them at or above it, or, with ``MASS``, whose mass at
+        or above it reaches ``need`` (``top_p``) of theirs; ``-inf`` for inactive rows.
+
+        ``lo`` and ``hi`` are keys (:func:`_key`) of values of the row bracketing the
+        threshold: ``lo`` satisfies the condition (at first ``floor``, which every row does)
+        and the threshold is at most ``hi`` (at first 0, the largest ``z``)."""
         j = tl.arange(0, P)
         lo = _key(floor)
         hi = _key(tl.zeros(floor.shape, tl.float32))
-        todo = active
+        todo = active & (lo < hi)
         while tl.max(todo.to(tl.int32), axis=0) > 0:
             span = (hi - lo).to(tl.int64)
             keys = lo.to(tl.int64)[:, None] + span[:, None] * (j[None, :] + 1) // P
@@ -284,16 +290,14 @@ if _KERNEL_COPY:
                 row, todo, top, inv, floor, pivots, n_blocks, vocab, COLS
             )
             if MASS:
-                enough = mass >= top_p.to(tl.float64)[:, None] * total[:, None]
+                enough = mass >= need.to(tl.float64)[:, None] * total[:, None]
             else:
-                enough = count.to(tl.int64) >= k[:, None]
+                enough = count.to(tl.int64) >= need[:, None]
             passing = tl.sum(enough.to(tl.int32), axis=1)
-            new_lo = tl.max(
-                tl.where(j[None, :] == passing[:, None] - 1, above, float("-inf")), axis=1
-            )
-            new_hi = tl.max(tl.where(j[None, :] == passing[:, None], below, float("-inf")), axis=1)
-            new_lo = tl.where(passing > 0, _key(new_lo), lo)
-            new_hi = tl.where(passing < P, _key(new_hi), _key(new_lo))
+            last = tl.max(tl.where(j[None, :] == passing[:, None] - 1, above, float("-inf")), 1)
+            first = tl.max(tl.where(j[None, :] == passing[:, None], below, float("-inf")), 1)
+            new_lo = tl.where(passing > 0, _key(last), lo)
+            new_hi = tl.where(passing < P, _key(first), new_lo)
             lo = tl.where(todo, new_lo, lo)
             hi = tl.where(todo, new_hi, hi)
             todo = todo & (lo < hi)
@@ -325,11 +329,11 @@ if _KERNEL_COPY:
         cut = tl.full([R], float("-inf"), tl.float32)
         if HAS_K:
             k = tl.minimum(tl.load(top_k + rows, mask=live, other=0), vocab)
-            cut = _search(row, usable & (k > 0), top, inv, cut, k, inv, n_blocks, vocab,
+            cut = _search(row, usable & (k > 0), top, inv, cut, k, n_blocks, vocab,
                           COLS, P, False)  # fmt: skip
         if HAS_P:
             p = tl.load(top_p + rows, mask=live, other=1.0)
-            cut_p = _search(row, usable & (p < 1.0), top, inv, cut, rows, p, n_blocks, vocab,
+            cut_p = _search(row, usable & (p < 1.0), top, inv, cut, p, n_blocks, vocab,
                             COLS, P, True)  # fmt: skip
             cut = tl.maximum(cut, cut_p)
         if HAS_MIN:
