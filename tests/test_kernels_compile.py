@@ -39,7 +39,8 @@ H100 = ("cuda", 90, 32)
 
 
 def _compile(module: str, name: str, types: dict[str, str], constants: dict[str, Any]) -> Any:
-    """Kernel ``name`` of ``module`` compiled for an H100 with the given argument types."""
+    """Kernel ``name`` of ``module`` compiled for an H100 with the given argument types
+    (``*fp32`` for an argument not in ``types``)."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -48,7 +49,9 @@ def _compile(module: str, name: str, types: dict[str, str], constants: dict[str,
         pytest.skip("triton has no NVIDIA back end here")
     kernel = mode_kernel(module, name)
     options = {k: constants.pop(k) for k in ("num_warps", "enable_fp_fusion") if k in constants}
-    signature = {a: "constexpr" if a in constants else types[a] for a in kernel.arg_names}
+    signature = {
+        a: "constexpr" if a in constants else types.get(a, "*fp32") for a in kernel.arg_names
+    }
     source = ASTSource(kernel, signature, constexprs=constants)
     return triton.compile(source, target=GPUTarget(*H100), options=options)
 
@@ -74,6 +77,12 @@ def _local_memory(compiled: Any) -> int:
     return sum(int(match.group(1)) for match in found if match)
 
 
+def _types(dtype: str, ints: tuple[str, ...], **pointers: str) -> dict[str, str]:
+    """Argument types of a kernel over ``dtype`` logits: the int32 ``ints``, an int64 row
+    stride and the pointers other than float32 ones."""
+    return {"logits": f"*{dtype}", "stride": "i64", **dict.fromkeys(ints, "i32"), **pointers}
+
+
 @pytest.fixture(autouse=True)
 def _own_cache(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Triton's compiled kernels go to a folder of the test's, not the user's cache."""
@@ -83,22 +92,8 @@ def _own_cache(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_statistics_kernel_compiles_without_spilling(dtype: str) -> None:
     """Every phase (whole rows, split rows, combining), with and without normalisers."""
-    types = {
-        "logits": f"*{dtype}",
-        "stride": "i64",
-        "inv_t": "*fp32",
-        "cutoff": "*fp32",
-        "log_norm": "*fp32",
-        "shift": "*fp32",
-        "argmax": "*i64",
-        "partial": "*fp64",
-        "first": "*i64",
-        "rows_total": "i32",
-        "vocab": "i32",
-        "n_blocks": "i32",
-        "splits": "i32",
-        "iters_per_split": "i32",
-    }
+    ints = ("rows_total", "vocab", "n_blocks", "splits", "iters_per_split")
+    types = _types(dtype, ints, argmax="*i64", partial="*fp64", first="*i64")
     for phase, norm in itertools.product((0, 1, 2), (False, True)):
         constants = {
             "R": 1,
@@ -117,20 +112,7 @@ def test_statistics_kernel_compiles_without_spilling(dtype: str) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_filter_kernel_compiles_without_spilling(dtype: str) -> None:
     """Every combination of top-k, top-p and min-p."""
-    types = {
-        "logits": f"*{dtype}",
-        "stride": "i64",
-        "inv_t": "*fp32",
-        "shift": "*fp32",
-        "cutoff": "*fp32",
-        "log_norm": "*fp32",
-        "top_k": "*i64",
-        "top_p": "*fp32",
-        "min_cut": "*fp32",
-        "rows_total": "i32",
-        "vocab": "i32",
-        "n_blocks": "i32",
-    }
+    types = _types(dtype, ("rows_total", "vocab", "n_blocks"), top_k="*i64")
     for has_k, has_p, has_min in itertools.product((False, True), repeat=3):
         constants = {
             "R": 1,

@@ -95,8 +95,12 @@ def filtered(sampling: SamplingMetadata) -> bool:
     >>> filtered(SamplingMetadata.build(2, cpu, temperature=0.0, top_k=5))
     False
     """
-    top_k = sampling.top_k is not None and sampling.max_top_k != 0
-    return top_k or sampling.top_p is not None or sampling.min_p is not None
+    return _top_k(sampling) is not None or sampling.top_p is not None or sampling.min_p is not None
+
+
+def _top_k(sampling: SamplingMetadata) -> torch.Tensor | None:
+    """The ``[rows]`` top-k of ``sampling``, or ``None`` when no request may have one."""
+    return sampling.top_k if sampling.top_k is not None and sampling.max_top_k != 0 else None
 
 
 def filtered_norms(logits: torch.Tensor, sampling: SamplingMetadata) -> RowNorms:
@@ -135,8 +139,7 @@ def filtered_norms(logits: torch.Tensor, sampling: SamplingMetadata) -> RowNorms
     rows, vocab = logits.shape
     if rows == 0:
         return norms
-    top_k = sampling.top_k if sampling.top_k is not None and sampling.max_top_k != 0 else None
-    top_p, min_p = sampling.top_p, sampling.min_p
+    top_k, top_p, min_p = _top_k(sampling), sampling.top_p, sampling.min_p
     _check_device(logits, top_k, top_p, min_p)
     logits = unit_columns(logits)
     interpreted = interpreting() or logits.device.type != "cuda"
