@@ -15,7 +15,8 @@ Run through ``benchmarks/gpu_check.sh`` (see ``docs/gpu.md``); this is its CUDA 
    ``torch.cuda.set_sync_debug_mode("error")`` (the ``RejectionSampler`` module with its own
    rules and with the kernel rules swapped in, :func:`specsample.verify`, the kernels'
    logits path, with a filter and with a temperature alone, whose row statistics the
-   statistics kernel computes);
+   statistics kernel computes); and the kernels' logits path captured in a CUDA graph,
+   whose replay must give the tokens of an eager call on the same uniforms;
 4. **timings** (``benchmarks/gpu_timings.py``) at the benchmark shapes ``(batch, k,
    vocab)``: the PyTorch chain rule, the Triton chain rule and, when ``flashinfer`` is
    importable, FlashInfer's ``chain_speculative_sampling``, with time ratios and the
@@ -43,10 +44,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from gpu_timings import BANDWIDTH_SHAPES, check_timings, probs_case
+from gpu_timings import BANDWIDTH_SHAPES, capture, check_timings, probs_case
 
 from specsample import RejectionSampler, verify
 from specsample.kernels import triton as kernels
+from specsample.params import Requests, SamplingParams
+from specsample.params.layout import BatchLayout
 from specsample.probs import processed_probs
 from specsample.rules.block import block_verify
 from specsample.rules.chain import chain_verify
@@ -362,6 +365,42 @@ def check_sync(device: torch.device) -> None:
         report(not error, f"{label}{': ' + error if error else ''}")
 
 
+def check_graph(device: torch.device) -> None:
+    """The kernels' logits path captured in a CUDA graph: a replay gives the tokens of an
+    eager call on the same uniforms (parameters and layout built once, before capturing)."""
+    batch, k, vocab = 16, 4, 32000
+    counts = [k, 0, 2, k] * (batch // 4)
+    layout = BatchLayout.build(counts, device)
+    logits = torch.randn(layout.target_rows, vocab, device=device)
+    draft_probs = torch.softmax(torch.randn(layout.total_drafts, vocab, device=device), -1)
+    ids = torch.multinomial(draft_probs, 1).view(-1)
+    uniforms = torch.rand(batch, k + 1, dtype=torch.float64, device=device)
+    temperature = [0.0, 0.8, 1.0, 0.5] * (batch // 4)
+    for label, params in (
+        ("temperature", SamplingParams(temperature=temperature)),
+        ("top-k/p", SamplingParams(temperature=temperature, top_k=40, top_p=0.9)),
+    ):
+        requests = Requests.build(batch, device, params)
+        outputs: list[Any] = []
+
+        def run(r: Requests = requests, out: list[Any] = outputs) -> None:
+            out[:] = [verify(logits, ids, layout, draft_probs=draft_probs, requests=r,
+                             uniforms=uniforms, backend="triton")]  # fmt: skip
+
+        run()
+        expected = outputs[0]
+        graph = capture(run, device, 1)
+        if isinstance(graph, str):
+            report(False, f"specsample.verify backend='triton', {label}, CUDA graph: {graph}")
+            continue
+        outputs[0].token_ids.fill_(-2)
+        graph.replay()
+        same = torch.equal(outputs[0].token_ids, expected.token_ids) and torch.equal(
+            outputs[0].num_accepted, expected.num_accepted
+        )
+        report(same, f"specsample.verify backend='triton', {label}: a CUDA graph replays it")
+
+
 def _skipped(reason: str) -> int:
     """Print the one ``skipped`` line; return 0, a skipped run's status."""
     print(f"skipped: gpu_check.py: {reason}", flush=True)
@@ -410,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     if "sync" not in args.skip:
         if device.type == "cuda":
             check_sync(device)
+            check_graph(device)
         else:
             print("\n== 3. no host synchronisation: needs CUDA, skipped ==")
     if "timings" not in args.skip:

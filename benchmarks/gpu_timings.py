@@ -27,6 +27,15 @@ timed on the device (:func:`specsample.timing.per_call`):
 
 All three use draft probabilities and temperature 0.8, float32 rows. Bandwidth figures count
 only those bytes: a path reading more (several passes, temporaries) shows as a lower figure.
+
+The bandwidth table gives two times per path. *Eager*: back-to-back calls, as a program
+calls the path; where the host takes longer to launch a call's kernels than the device to run
+them, this is the host's time. *Graph*: the same calls captured once in a CUDA graph
+(:data:`GRAPH_CALLS` to a graph) and replayed, so no host work lies between the kernels: the
+device's time alone, which is what a step costs in an engine whose host runs ahead of the
+device. The specsample paths there take their parameters built once
+(:class:`specsample.params.Requests`, :class:`specsample.params.layout.BatchLayout`), as an
+engine reusing them does; a path that cannot be captured says why in its graph column.
 """
 
 from __future__ import annotations
@@ -44,6 +53,8 @@ from specsample import RejectionSampler, verify
 from specsample.backends import eager
 from specsample.backends import triton as triton_backend
 from specsample.kernels import triton as kernels
+from specsample.params import Requests, SamplingParams
+from specsample.params.layout import BatchLayout
 from specsample.params.metadata import SamplingMetadata
 from specsample.rules.chain import chain_verify
 from specsample.timing import per_call
@@ -59,6 +70,9 @@ PEAK_BANDWIDTH = (
     ("H100 80GB HBM3", 3.35e12),
 )
 """Peak memory bandwidth (bytes/s) of devices whose name contains the text (first match)."""
+
+GRAPH_CALLS = 10
+"""Calls captured in one CUDA graph for the bandwidth table's graph column."""
 
 TEMPERATURE = 0.8
 FILTERS = {"top_k": 50, "top_p": 0.9}
@@ -152,9 +166,12 @@ class LogitsCase:
         self.draft = torch.softmax(torch.randn(batch * k, vocab, device=device), -1)
         self.ids = torch.multinomial(self.draft, 1).view(-1)
         self.counts = [k] * batch
+        self.layout = BatchLayout.build(self.counts, device)
+        self.requests = Requests.build(batch, device, SamplingParams(temperature=TEMPERATURE))
 
     def verify(self, backend: str) -> Callable[[], Any]:
-        """One call of :func:`specsample.verify` on ``backend``."""
+        """One call of :func:`specsample.verify` on ``backend``, its parameters given as a
+        user gives them (a list of counts, a temperature)."""
         return partial(
             verify,
             self.logits,
@@ -162,6 +179,19 @@ class LogitsCase:
             self.counts,
             draft_probs=self.draft,
             temperature=TEMPERATURE,
+            backend=backend,
+        )
+
+    def verify_built(self, backend: str) -> Callable[[], Any]:
+        """One call of :func:`specsample.verify` on ``backend`` with the layout and the
+        requests built once (nothing copied from the host: a CUDA graph can hold it)."""
+        return partial(
+            verify,
+            self.logits,
+            self.ids,
+            self.layout,
+            draft_probs=self.draft,
+            requests=self.requests,
             backend=backend,
         )
 
@@ -199,11 +229,67 @@ def vllm_sampler(case: LogitsCase) -> Callable[[], Any] | str:
     return partial(sampler, metadata, case.draft, case.logits, meta)
 
 
-def _row(label: str, needed: int, seconds: float, peak: float | None) -> str:
-    """One line of the bandwidth table."""
+def graph_time(run: Callable[[], Any], device: torch.device, iters: int) -> float | str:
+    """Seconds per call of ``run`` replayed from a CUDA graph of :data:`GRAPH_CALLS` calls
+    (median of three rounds of about ``iters`` calls), or why it was not timed.
+
+    The warm-up calls before the capture (:func:`capture`) compile what needs compiling.
+
+    Examples
+    --------
+    >>> graph_time(lambda: None, torch.device("cpu"), 1)
+    'CUDA only'
+    """
+    if device.type != "cuda":
+        return "CUDA only"
+    graph = capture(run, device, GRAPH_CALLS)
+    if isinstance(graph, str):
+        return graph
+    return _time(graph.replay, device, max(1, iters // GRAPH_CALLS)) / GRAPH_CALLS
+
+
+def capture(run: Callable[[], Any], device: torch.device, calls: int) -> Any:
+    """A :class:`torch.cuda.CUDAGraph` of ``calls`` calls of ``run`` (after three warm-up
+    calls on a side stream, as capturing requires), or why it could not be captured."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            run()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                run()
+    except Exception as exc:
+        torch.cuda.synchronize(device)
+        return f"not captured: {type(exc).__name__}: {str(exc).splitlines()[0][:40]}"
+    return graph
+
+
+def _cells(needed: int, seconds: float | str, peak: float | None) -> str:
+    """Time, GB/s and share of the peak of one timing (or why there is none)."""
+    if isinstance(seconds, str):
+        return seconds
     rate = needed / seconds
     share = f"{rate / peak:8.1%}" if peak else f"{'-':>8}"
-    return f"    {label:<28} {seconds * 1e6:9.1f}us {rate / 1e9:9.1f} {share}"
+    return f"{seconds * 1e6:9.1f}us {rate / 1e9:9.1f} {share}"
+
+
+def _row(label: str, needed: int, eager: float, graph: float | str, peak: float | None) -> str:
+    """One line of the bandwidth table: the eager timing, then the graph's."""
+    return f"    {label:<30} {_cells(needed, eager, peak)} | {_cells(needed, graph, peak)}"
+
+
+def _timed_row(
+    label: str, needed: int, runs: tuple[Callable[[], Any], Callable[[], Any]], iters: int,
+    device: torch.device, peak: float | None,
+) -> str:  # fmt: skip
+    """The bandwidth line of a path: ``runs`` is its eager call and the call to capture."""
+    eager_run, graph_run = runs
+    seconds = _time(eager_run, device, iters)
+    return _row(label, needed, seconds, graph_time(graph_run, device, iters), peak)
 
 
 def _bandwidth_rows(
@@ -215,31 +301,30 @@ def _bandwidth_rows(
     lines = [f"  ({batch}, {k}, {vocab})"]
     q, p, ids, bonus, _ = probs_case(batch, k, vocab, device, seed=11)
     probs_bytes = 2 * batch * row_bytes
+    timed = partial(_timed_row, iters=iters, device=device, peak=peak)
     for backend in ("torch", "triton"):
-        sampler = RejectionSampler(backend=backend)
-        seconds = _time(partial(sampler, q, bonus, p, ids), device, iters)
-        lines.append(_row(f"probabilities, {backend}", probs_bytes, seconds, peak))
+        run = partial(RejectionSampler(backend=backend), q, bonus, p, ids)
+        lines.append(timed(f"probabilities, {backend}", probs_bytes, (run, run)))
     del q, p
     case = LogitsCase(shape, device)
     logits_bytes = (batch * (k + 1) + 2 * batch) * row_bytes
     for backend in ("torch", "triton"):
-        seconds = _time(case.verify(backend), device, iters)
-        lines.append(_row(f"logits, {backend}", logits_bytes, seconds, peak))
+        built = case.verify_built(backend)
+        lines.append(timed(f"logits, {backend}", logits_bytes, (built, built)))
+    rows = case.logits.shape[0]
+    for filters, options in (("", {}), (" top-k/p", FILTERS)):
+        sampling = SamplingMetadata.build(rows, device, temperature=TEMPERATURE, **options)
+        for name, norms in (("torch", eager.row_norms), ("triton", triton_backend.row_norms)):
+            run = partial(norms, case.logits, sampling)
+            lines.append(timed(f"row statistics{filters}, {name}", rows * row_bytes, (run, run)))
     vllm = vllm_sampler(case)
     if isinstance(vllm, str):
         lines.append(f"    logits, vLLM: {vllm}")
     else:
         try:
-            lines.append(_row("logits, vLLM", logits_bytes, _time(vllm, device, iters), peak))
+            lines.append(timed("logits, vLLM", logits_bytes, (vllm, vllm)))
         except Exception as exc:
             lines.append(f"    logits, vLLM: failed: {type(exc).__name__}: {str(exc)[:80]}")
-    rows = case.logits.shape[0]
-    for filters, options in (("", {}), (" top-k/p", FILTERS)):
-        sampling = SamplingMetadata.build(rows, device, temperature=TEMPERATURE, **options)
-        for name, norms in (("torch", eager.row_norms), ("triton", triton_backend.row_norms)):
-            seconds = _time(partial(norms, case.logits, sampling), device, iters)
-            label = f"row statistics{filters}, {name}"
-            lines.append(_row(label, rows * row_bytes, seconds, peak))
     return lines
 
 
@@ -251,7 +336,9 @@ def check_bandwidth(device: torch.device, shapes: list[tuple[int, int, int]], it
     print(f"\n  effective bandwidth on {name} ({known}), float32, T={TEMPERATURE}")
     print("    bytes: probabilities 1 target + 1 draft row per sequence; logits every target")
     print("    row + 1 target + 1 draft row per sequence; row statistics every target row")
-    print(f"    {'path':<28} {'time':>11} {'GB/s':>9} {'of peak':>8}")
+    print(f"    eager: back-to-back calls; graph: {GRAPH_CALLS} calls replayed from a CUDA graph")
+    rate = f"{'GB/s':>9} {'of peak':>8}"
+    print(f"    {'path':<30} {'eager':>11} {rate} | {'graph':>11} {rate}")
     for shape in shapes:
         for line in _bandwidth_rows(device, shape, iters, peak):
             print(line, flush=True)

@@ -45,7 +45,7 @@ def target_norms(
 ) -> RowNorms:
     """``[rows]`` statistics of the target rows, each processed with its request's parameters
     (the normalisers of greedy-only batches only with ``need_norm``), by ``backend``."""
-    per_row = requests.sampling.rows(layout.target_request())
+    per_row = requests.sampling.rows(layout.target_request)
     return backends.get(backend).row_norms(target_logits, per_row, need_norm=need_norm)
 
 
@@ -53,7 +53,7 @@ def step_keys(layout: BatchLayout, requests: Requests, device: torch.device) -> 
     """``[target_rows]`` int64 row keys of the keyed Gumbel noise (:mod:`specsample.noise`):
     a request's ``j``-th target row reads its key at its counter plus ``j``."""
     keys, counters = request_keys(requests.seeding, requests.positions, device)
-    request = layout.target_request()
+    request = layout.target_request
     offset = torch.arange(layout.target_rows, device=device) - layout.target_start[request]
     return row_keys(keys[request], counters[request] + offset)
 

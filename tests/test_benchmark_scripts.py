@@ -81,6 +81,9 @@ TINY = {
             ("CUDA_VISIBLE_DEVICES", ""),
         ),
     ),
+    "host_time.py": Tiny(
+        "--batch 2 --k 2 --vocab 64 --calls 2 --rounds 1", "| chain_kernel_verify, probabilities |"
+    ),
     "real_model.py": Tiny(
         "--gguf {gguf} --cache-dir {tmp} --rounds 1 --max-new-tokens 4", "self-draft sweep"
     ),

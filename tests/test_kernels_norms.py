@@ -22,15 +22,19 @@ itself was started with ``TRITON_INTERPRET=1``. Without triton they are skipped.
 from __future__ import annotations
 
 import math
+import traceback
 from typing import Any
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from specsample import backends, verify
 from specsample.backends import eager
 from specsample.backends import triton as triton_backend
 from specsample.kernels.triton import norms
+from specsample.params import Requests, SamplingParams
+from specsample.params.layout import BatchLayout
 from specsample.params.metadata import SamplingMetadata
 from specsample.probs import RowNorms, row_norms, sampling_norms
 from tests.test_kernels import requires_interpreter
@@ -208,3 +212,40 @@ def test_verify_on_triton_equals_torch(name: str, method: str) -> None:
         accepted += int(kernel.num_accepted.sum())
         rejected += int((kernel.num_accepted < torch.tensor(COUNTS)).sum())
     assert accepted > 0 and rejected > 0, (accepted, rejected)
+
+
+class _DeviceWork(TorchDispatchMode):
+    """Records the tensor operations issued outside Triton's interpreter (which runs the
+    kernels) that do work on the device: allocations and views are left out."""
+
+    FREE = ("empty", "view", "detach", "alias", "as_strided", "slice", "select", "unsqueeze")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.work: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = func.__name__.split(".")[0]
+        in_kernel = any("interpreter" in frame.filename for frame in traceback.extract_stack())
+        if not in_kernel and name not in self.FREE:
+            self.work.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@requires_interpreter
+@pytest.mark.parametrize("filtered", [False, True])
+def test_a_step_with_built_parameters_launches_little_beside_the_kernels(filtered: bool) -> None:
+    """With its layout and requests built once, a step on the Triton backend does no device
+    work outside its kernels but draw its uniforms (a draw and the final draw moved last)
+    and give each row its request's temperature and greedy flag (and filters): the row
+    statistics' outputs are written by their kernel, the rows' requests come with the layout,
+    and nothing is copied from the host, so a CUDA graph can capture the step."""
+    logits, ids, extra = _step(0, 300, "probs")
+    params = {"top_k": 5, "top_p": 0.9} if filtered else {}
+    requests = Requests.build(len(COUNTS), logits.device, SamplingParams(temperature=0.8, **params))
+    layout = BatchLayout.build(COUNTS, logits.device)
+    verify(logits, ids, layout, requests=requests, backend="triton", **extra)
+    with _DeviceWork() as mode:
+        verify(logits, ids, layout, requests=requests, backend="triton", **extra)
+    expected = ["index"] * (4 if filtered else 2) + ["rand", "index_select"]
+    assert sorted(mode.work) == sorted(expected), mode.work

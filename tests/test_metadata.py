@@ -48,7 +48,7 @@ def _check(layout: BatchLayout, counts: list[int], bonus_rows: bool, widest: int
     assert layout.draft_start.tolist() == draft_start
     assert layout.target_start.tolist() == target_start
     assert layout.target_rows == len(owner)
-    assert layout.target_request().tolist() == owner
+    assert layout.target_request.tolist() == owner
 
 
 @given(counts=COUNTS, bonus_rows=st.booleans(), extra=st.integers(0, 2))

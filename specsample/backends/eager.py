@@ -242,7 +242,7 @@ def verify_gumbel(step: LogitsStep) -> tuple[torch.Tensor, torch.Tensor]:
     tokens = norms.argmax
     if plan.keys is not None:
         drawn = gumbel_argmax(target_logits, norms, plan.keys)
-        tokens = torch.where(plan.greedy[layout.target_request()], tokens, drawn)
+        tokens = torch.where(plan.greedy[layout.target_request], tokens, drawn)
     rows = target_logits.shape[0]
     drafts = pad_drafts(step.draft_token_ids, layout, target_logits.shape[-1], rows)
     usable = ~torch.isnan(norms.cutoff[drafts.target_rows])

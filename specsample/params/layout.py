@@ -13,6 +13,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -91,12 +92,18 @@ class BatchLayout:
     num_drafts, draft_start, target_start : torch.Tensor
         ``[batch]`` int64 device tensors: the counts, the first draft row and the first
         target row of each request.
+    target_request : torch.Tensor
+        ``[target_rows]`` int64 device tensor: the request each flattened target row belongs
+        to. Built with the layout (from host counts, in the same copy to the device as the
+        tensors above), so a step that reuses the layout launches nothing for it.
 
     Examples
     --------
     >>> layout = BatchLayout.build([2, 0, 1], torch.device("cpu"))
     >>> layout.total_drafts, layout.max_drafts, layout.target_start.tolist()
     (3, 2, [0, 3, 4])
+    >>> layout.target_request.tolist()
+    [0, 0, 0, 1, 2, 2]
     """
 
     batch: int
@@ -106,6 +113,7 @@ class BatchLayout:
     num_drafts: torch.Tensor
     draft_start: torch.Tensor
     target_start: torch.Tensor
+    target_request: torch.Tensor
 
     @staticmethod
     def build(
@@ -159,19 +167,22 @@ class BatchLayout:
             raise ValueError(
                 f"max_draft_tokens is {max_drafts} but a request has {widest} draft tokens"
             )
-        starts = [0] * len(counts)
-        for i in range(1, len(counts)):
-            starts[i] = starts[i - 1] + counts[i - 1]
-        start = torch.tensor(starts, dtype=torch.int64)
-        target_start = start + torch.arange(len(counts)) if bonus_rows else start
+        batch = len(counts)
+        rows_of = [n + 1 for n in counts] if bonus_rows else counts
+        starts = list(accumulate(counts, initial=0))[:batch]
+        target_starts = list(accumulate(rows_of, initial=0))[:batch]
+        request = [i for i, n in enumerate(rows_of) for _ in range(n)]
+        packed = torch.tensor(counts + starts + target_starts + request, dtype=torch.int64)
+        on_device = packed.to(device, non_blocking=True)
         return BatchLayout(
-            batch=len(counts),
+            batch=batch,
             total_drafts=sum(counts),
             max_drafts=widest if max_drafts is None else int(max_drafts),
             bonus_rows=bonus_rows,
-            num_drafts=torch.tensor(counts, dtype=torch.int64).to(device, non_blocking=True),
-            draft_start=start.to(device, non_blocking=True),
-            target_start=target_start.to(device, non_blocking=True),
+            num_drafts=on_device[:batch],
+            draft_start=on_device[batch : 2 * batch],
+            target_start=on_device[2 * batch : 3 * batch],
+            target_request=on_device[3 * batch :],
         )
 
     @staticmethod
@@ -190,6 +201,8 @@ class BatchLayout:
         counts = counts.to(device=device, dtype=torch.int64)
         start = counts.cumsum(0) - counts
         target_start = start + torch.arange(counts.shape[0], device=device) if bonus_rows else start
+        target_rows = total_drafts + (counts.shape[0] if bonus_rows else 0)
+        rows = torch.arange(target_rows, device=device)
         return BatchLayout(
             batch=counts.shape[0],
             total_drafts=total_drafts,
@@ -198,17 +211,13 @@ class BatchLayout:
             num_drafts=counts,
             draft_start=start,
             target_start=target_start,
+            target_request=torch.searchsorted(target_start, rows, right=True) - 1,
         )
 
     @property
     def target_rows(self) -> int:
         """Number of flattened target rows: ``total_drafts`` (plus ``batch`` bonus rows)."""
         return self.total_drafts + (self.batch if self.bonus_rows else 0)
-
-    def target_request(self) -> torch.Tensor:
-        """``[target_rows]`` int64: the request each flattened target row belongs to."""
-        rows = torch.arange(self.target_rows, device=self.target_start.device)
-        return torch.searchsorted(self.target_start, rows, right=True) - 1
 
 
 def step_layout(

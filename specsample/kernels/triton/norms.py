@@ -46,7 +46,6 @@ module (see :func:`specsample.kernels.triton.launch.mode_kernel`).
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import torch
@@ -193,9 +192,9 @@ def logit_norms(
     rows = logits.shape[0]
     device = logits.device
     cutoff = torch.empty(rows, dtype=torch.float32, device=device)
-    log_norm = torch.full((rows,), math.nan, dtype=torch.float32, device=device)
-    shift = torch.zeros(rows, dtype=torch.float32, device=device)
-    argmax = torch.zeros(rows, dtype=torch.int64, device=device)
+    log_norm = torch.empty(rows, dtype=torch.float32, device=device)
+    shift = torch.empty(rows, dtype=torch.float32, device=device)
+    argmax = torch.empty(rows, dtype=torch.int64, device=device)
     norms = RowNorms(inv, cutoff, log_norm, argmax, shift)
     if rows == 0:
         return norms
@@ -315,7 +314,8 @@ if _KERNEL_COPY:
 
     @triton.jit
     def _finish(outputs, rows, live, top, total, best, nan, NORM: tl.constexpr):
-        """Store the statistics of whole rows (``outputs``: cutoff, log-norm, shift, argmax)."""
+        """Store the statistics of whole rows (``outputs``: cutoff, log-norm, shift, argmax),
+        every output of every live row (without ``NORM``: ``shift`` 0, ``log_norm`` NaN)."""
         cutoff, log_norm, shift, argmax = outputs
         usable = (nan == 0) & (top > float("-inf"))
         tl.store(argmax + rows, tl.where(usable, best, 0), mask=live)
@@ -324,6 +324,9 @@ if _KERNEL_COPY:
             tl.store(shift + rows, tl.where(usable, top.to(tl.float32), 0.0), mask=live)
             norm = _log(tl.where(usable, total, 1.0))
             tl.store(log_norm + rows, tl.where(usable, norm, float("inf")), mask=live)
+        else:
+            tl.store(shift + rows, tl.zeros_like(total), mask=live)
+            tl.store(log_norm + rows, tl.full(total.shape, float("nan"), tl.float32), mask=live)
 
     @triton.jit(do_not_specialize=("rows_total", "n_blocks", "splits", "iters_per_split"))
     def _stats_kernel(
