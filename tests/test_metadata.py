@@ -144,3 +144,47 @@ def test_sampling_metadata_refuses_bad_values_naming_the_argument() -> None:
         SamplingMetadata.build(1, CPU, top_k="3")
     with pytest.raises(ValueError, match="min_p"):
         SamplingMetadata.build(3, CPU, min_p=[0.1, 0.2])
+
+
+FIELDS = ("inv_temperature", "greedy", "top_k", "top_p", "min_p")
+HINTS = ("all_greedy", "any_greedy", "max_top_k")
+MOVED_CASES = [
+    (3, {}),
+    (4, {"temperature": [0.0, 0.7, 1.0, 2.5], "top_k": [0, 5, 3, 2], "top_p": 0.9}),
+    (2, {"temperature": 0.8, "top_k": 40, "top_p": [0.5, 1.0], "min_p": [0.0, 0.1]}),
+    (3, {"temperature": torch.tensor([0.0, 0.0, 0.0]), "top_k": torch.tensor([1, 2, 3])}),
+    (0, {"temperature": [], "min_p": 0.2}),
+]
+
+
+@pytest.mark.parametrize(("batch", "params"), MOVED_CASES)
+def test_parameters_moved_in_one_copy_equal_those_built_in_place(
+    batch: int, params: dict[str, object]
+) -> None:
+    """Host parameters are built on the host and packed into one copy for the device: each
+    tensor comes out with its dtype, shape and values, the host hints unchanged."""
+    built = SamplingMetadata.build(batch, CPU, **params)
+    moved = metadata._moved(built, CPU)
+    for name in FIELDS:
+        expected, got = getattr(built, name), getattr(moved, name)
+        assert (expected is None) == (got is None), name
+        if expected is not None:
+            assert got.dtype == expected.dtype and torch.equal(got, expected), name
+    assert [getattr(moved, h) for h in HINTS] == [getattr(built, h) for h in HINTS]
+
+
+@pytest.mark.parametrize(("batch", "params"), MOVED_CASES)
+def test_host_parameters_for_another_device_arrive_there_whole(
+    batch: int, params: dict[str, object]
+) -> None:
+    """For a device other than the CPU (the meta device here), host parameters take the
+    packed copy: every tensor lands on the device with the dtype and shape of a CPU build."""
+    meta_device = torch.device("meta")
+    on_meta = SamplingMetadata.build(batch, meta_device, **params)
+    built = SamplingMetadata.build(batch, CPU, **params)
+    for name in FIELDS:
+        expected, got = getattr(built, name), getattr(on_meta, name)
+        assert (expected is None) == (got is None), name
+        if expected is not None:
+            assert got.device == meta_device, name
+            assert (got.dtype, got.shape) == (expected.dtype, expected.shape), name

@@ -236,7 +236,9 @@ class SamplingMetadata:
 
         Host values (numbers, sequences, CPU tensors) are validated. Tensors on the batch's
         device stay there (no synchronisation); their values are checked only with
-        ``strict`` (which synchronises). A tensor on another device is refused.
+        ``strict`` (which synchronises). A tensor on another device is refused. When every
+        parameter is given on the host, the metadata is built there and its tensors reach
+        the device in one copy.
 
         Raises
         ------
@@ -248,43 +250,10 @@ class SamplingMetadata:
         """
         given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p}
         host = _parse(given, batch, device, strict)
-        temps = host["temperature"]
-        t = _device_values(temps, temperature, batch, device, torch.float32)
-        greedy = t < GREEDY_BELOW
-        inv_t = torch.where(greedy, 1.0, 1.0 / t.clamp(min=GREEDY_BELOW))
-        filters: dict[str, torch.Tensor | None] = {}
-        for name, off, dtype in (
-            ("top_k", 0.0, torch.int64),
-            ("top_p", 1.0, torch.float32),
-            ("min_p", 0.0, torch.float32),
-        ):
-            values = host[name]
-            if values is not None and all(v == off for v in values):
-                filters[name] = None
-                continue
-            if values is not None and temps is not None:
-                values = [off if s < GREEDY_BELOW else v for v, s in _pairs(values, temps)]
-                if all(v == off for v in values):
-                    filters[name] = None
-                    continue
-            tensor = _device_values(values, given[name], batch, device, dtype)
-            filters[name] = tensor.masked_fill(greedy, off)
-        known_k = host["top_k"]
-        max_top_k = None
-        if filters["top_k"] is None:
-            max_top_k = 0
-        elif known_k is not None and temps is not None:
-            max_top_k = int(max(k for k, s in _pairs(known_k, temps) if s >= GREEDY_BELOW))
-        return SamplingMetadata(
-            inv_temperature=inv_t,
-            greedy=greedy,
-            top_k=filters["top_k"],
-            top_p=filters["top_p"],
-            min_p=filters["min_p"],
-            all_greedy=temps is not None and all(s < GREEDY_BELOW for s in temps),
-            any_greedy=temps is None or any(s < GREEDY_BELOW for s in temps),
-            max_top_k=max_top_k,
-        )
+        on_host = all(values is not None for values in host.values())
+        if device.type != "cpu" and on_host and not torch.compiler.is_compiling():
+            return _moved(_assemble(host, given, batch, torch.device("cpu")), device)
+        return _assemble(host, given, batch, device)
 
     @property
     def batch(self) -> int:
@@ -305,3 +274,70 @@ class SamplingMetadata:
             top_p=None if self.top_p is None else self.top_p[index],
             min_p=None if self.min_p is None else self.min_p[index],
         )
+
+
+def _assemble(
+    host: dict[str, list[float] | None], given: dict[str, Scalars], batch: int, device: torch.device
+) -> SamplingMetadata:
+    """The metadata of validated parameters (``host``: their host values, ``None`` for a
+    tensor on ``device``), built on ``device``."""
+    temps = host["temperature"]
+    t = _device_values(temps, given["temperature"], batch, device, torch.float32)
+    greedy = t < GREEDY_BELOW
+    inv_t = torch.where(greedy, 1.0, 1.0 / t.clamp(min=GREEDY_BELOW))
+    filters: dict[str, torch.Tensor | None] = {}
+    for name, off, dtype in (
+        ("top_k", 0.0, torch.int64),
+        ("top_p", 1.0, torch.float32),
+        ("min_p", 0.0, torch.float32),
+    ):
+        values = host[name]
+        if values is not None and all(v == off for v in values):
+            filters[name] = None
+            continue
+        if values is not None and temps is not None:
+            values = [off if s < GREEDY_BELOW else v for v, s in _pairs(values, temps)]
+            if all(v == off for v in values):
+                filters[name] = None
+                continue
+        tensor = _device_values(values, given[name], batch, device, dtype)
+        filters[name] = tensor.masked_fill(greedy, off)
+    known_k = host["top_k"]
+    max_top_k = None
+    if filters["top_k"] is None:
+        max_top_k = 0
+    elif known_k is not None and temps is not None:
+        max_top_k = int(max(k for k, s in _pairs(known_k, temps) if s >= GREEDY_BELOW))
+    return SamplingMetadata(
+        inv_temperature=inv_t,
+        greedy=greedy,
+        top_k=filters["top_k"],
+        top_p=filters["top_p"],
+        min_p=filters["min_p"],
+        all_greedy=temps is not None and all(s < GREEDY_BELOW for s in temps),
+        any_greedy=temps is None or any(s < GREEDY_BELOW for s in temps),
+        max_top_k=max_top_k,
+    )
+
+
+def _moved(meta: SamplingMetadata, device: torch.device) -> SamplingMetadata:
+    """``meta``, built on the host, with its tensors on ``device``, moved in one copy: packed
+    as bytes, the widest dtype first so that every tensor's bytes stay aligned, then viewed."""
+    names = ("top_k", "inv_temperature", "top_p", "min_p", "greedy")
+    present = {n: t.contiguous() for n in names if (t := getattr(meta, n)) is not None}
+    packed = torch.cat([t.view(torch.uint8).reshape(-1) for t in present.values()])
+    on_device = packed.to(device, non_blocking=True)
+    moved: dict[str, torch.Tensor] = {}
+    offset = 0
+    for name, tensor in present.items():
+        size = tensor.numel() * tensor.element_size()
+        moved[name] = on_device[offset : offset + size].view(tensor.dtype)
+        offset += size
+    return replace(
+        meta,
+        inv_temperature=moved["inv_temperature"],
+        greedy=moved["greedy"],
+        top_k=moved.get("top_k"),
+        top_p=moved.get("top_p"),
+        min_p=moved.get("min_p"),
+    )
