@@ -49,6 +49,8 @@ def _check(layout: BatchLayout, counts: list[int], bonus_rows: bool, widest: int
     assert layout.target_start.tolist() == target_start
     assert layout.target_rows == len(owner)
     assert layout.target_request.tolist() == owner
+    tensors = (layout.num_drafts, layout.draft_start, layout.target_start, layout.target_request)
+    assert all(t.data_ptr() % 16 == 0 for t in tensors), "a kernel sees aligned pointers"
 
 
 @given(counts=COUNTS, bonus_rows=st.booleans(), extra=st.integers(0, 2))
@@ -162,7 +164,8 @@ def test_parameters_moved_in_one_copy_equal_those_built_in_place(
     batch: int, params: dict[str, object]
 ) -> None:
     """Host parameters are built on the host and packed into one copy for the device: each
-    tensor comes out with its dtype, shape and values, the host hints unchanged."""
+    tensor comes out with its dtype, shape and values, 16-byte aligned, the host hints
+    unchanged."""
     built = SamplingMetadata.build(batch, CPU, **params)
     moved = metadata._moved(built, CPU)
     for name in FIELDS:
@@ -170,6 +173,7 @@ def test_parameters_moved_in_one_copy_equal_those_built_in_place(
         assert (expected is None) == (got is None), name
         if expected is not None:
             assert got.dtype == expected.dtype and torch.equal(got, expected), name
+            assert got.data_ptr() % metadata.ALIGN == 0, name
     assert [getattr(moved, h) for h in HINTS] == [getattr(built, h) for h in HINTS]
 
 

@@ -172,17 +172,22 @@ class BatchLayout:
         starts = list(accumulate(counts, initial=0))[:batch]
         target_starts = list(accumulate(rows_of, initial=0))[:batch]
         request = [i for i, n in enumerate(rows_of) for _ in range(n)]
-        packed = torch.tensor(counts + starts + target_starts + request, dtype=torch.int64)
+        filler = [0] * (batch % 2)  # each tensor starts 16-byte aligned, as one of its own
+        packed = torch.tensor(
+            [*counts, *filler, *starts, *filler, *target_starts, *filler, *request],
+            dtype=torch.int64,
+        )
         on_device = packed.to(device, non_blocking=True)
+        width = batch + len(filler)
         return BatchLayout(
             batch=batch,
             total_drafts=sum(counts),
             max_drafts=widest if max_drafts is None else int(max_drafts),
             bonus_rows=bonus_rows,
             num_drafts=on_device[:batch],
-            draft_start=on_device[batch : 2 * batch],
-            target_start=on_device[2 * batch : 3 * batch],
-            target_request=on_device[3 * batch :],
+            draft_start=on_device[width : width + batch],
+            target_start=on_device[2 * width : 2 * width + batch],
+            target_request=on_device[3 * width :],
         )
 
     @staticmethod

@@ -32,6 +32,10 @@ magnitude below ``2**27``; a smaller positive ``T`` would make ``1 / T`` or ``lo
 overflow to infinity and leave the row without a distribution."""
 
 
+ALIGN = 16
+"""Bytes to which the device tensors of parameters moved in one copy are aligned."""
+
+
 def _on_host(value: torch.Tensor) -> bool:
     return value.device.type == "cpu"
 
@@ -322,17 +326,25 @@ def _assemble(
 
 def _moved(meta: SamplingMetadata, device: torch.device) -> SamplingMetadata:
     """``meta``, built on the host, with its tensors on ``device``, moved in one copy: packed
-    as bytes, the widest dtype first so that every tensor's bytes stay aligned, then viewed."""
+    as bytes, each tensor's starting on a multiple of :data:`ALIGN` bytes (as a tensor of
+    its own would; a kernel compiled for aligned pointers then serves every batch), then
+    viewed."""
     names = ("top_k", "inv_temperature", "top_p", "min_p", "greedy")
     present = {n: t.contiguous() for n in names if (t := getattr(meta, n)) is not None}
-    packed = torch.cat([t.view(torch.uint8).reshape(-1) for t in present.values()])
-    on_device = packed.to(device, non_blocking=True)
-    moved: dict[str, torch.Tensor] = {}
-    offset = 0
-    for name, tensor in present.items():
+    parts, offsets, offset = [], [], 0
+    for tensor in present.values():
         size = tensor.numel() * tensor.element_size()
-        moved[name] = on_device[offset : offset + size].view(tensor.dtype)
-        offset += size
+        parts += [
+            tensor.view(torch.uint8).reshape(-1),
+            torch.zeros(-size % ALIGN, dtype=torch.uint8),
+        ]
+        offsets.append(offset)
+        offset += size + -size % ALIGN
+    on_device = torch.cat(parts).to(device, non_blocking=True)
+    moved: dict[str, torch.Tensor] = {}
+    for (name, tensor), start in zip(present.items(), offsets, strict=True):
+        size = tensor.numel() * tensor.element_size()
+        moved[name] = on_device[start : start + size].view(tensor.dtype)
     return replace(
         meta,
         inv_temperature=moved["inv_temperature"],
