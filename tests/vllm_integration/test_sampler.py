@@ -341,6 +341,32 @@ def test_logprobs_tensors_follow_vllm() -> None:
             assert torch.allclose(tensors.logprobs[flat, 1:], top, atol=1e-5)
 
 
+def test_raw_logprobs_ignore_processors_and_the_callers_logits_stay_unchanged() -> None:
+    """The processors (here the allowed-token mask) change the rows the sampler verifies in
+    place: raw logprobs still read the rows before them, and the caller's logits are never
+    written, whether or not logprobs are asked for (without them no copy is kept)."""
+    drafts, logits = _ragged_batch(3)
+    mask = torch.zeros(4, VOCAB, dtype=torch.bool)
+    mask[:, :4] = True
+    given = logits.clone()
+    log_q = torch.log_softmax(logits, dim=-1)
+    metadata = spec_metadata(drafts)
+    for logprobs in (None, 2):
+        batch = sampling_metadata(
+            [0.0, 1.0, 0.7, 1.2], vocab=VOCAB, allowed_token_ids_mask=mask,
+            max_num_logprobs=logprobs,
+        )  # fmt: skip
+        out = _sampler()(metadata, None, logits, batch)
+        assert torch.equal(logits, given)
+        assert bool((out.sampled_token_ids[:, 0] >= 4).all())
+        if logprobs is None:
+            continue
+        tensors = out.logprobs_tensors
+        assert tensors is not None
+        top = torch.topk(log_q[0], 2).values
+        assert torch.allclose(tensors.logprobs[0, 1:], top, atol=1e-5)
+
+
 def test_lossy_vllm_methods_stay_vllms() -> None:
     """vLLM's own flags keep their meaning: its lossy methods run vLLM's sampler."""
     for name, expected in [("standard", "chain"), ("block", "block"), ("fly", None)]:

@@ -242,8 +242,10 @@ class SpecsampleRejectionSampler(VllmRejectionSampler):  # type: ignore[misc]
         )
         raw = logits[metadata.target_logits_indices].to(torch.float32)
         needs_rows = METHODS[self.method].needs_draft_probs
+        keep_raw = sampling_metadata.max_num_logprobs is not None
+        keep_raw = keep_raw and not self.is_processed_logprobs_mode
         target = self.apply_logits_processors(
-            raw if self.is_processed_logprobs_mode else raw.clone(), sampling_metadata, metadata
+            raw.clone() if keep_raw else raw, sampling_metadata, metadata
         )
         out = verify(
             target,
