@@ -169,31 +169,15 @@ class LogitsCase:
         self.layout = BatchLayout.build(self.counts, device)
         self.requests = Requests.build(batch, device, SamplingParams(temperature=TEMPERATURE))
 
-    def verify(self, backend: str) -> Callable[[], Any]:
-        """One call of :func:`specsample.verify` on ``backend``, its parameters given as a
-        user gives them (a list of counts, a temperature)."""
-        return partial(
-            verify,
-            self.logits,
-            self.ids,
-            self.counts,
-            draft_probs=self.draft,
-            temperature=TEMPERATURE,
-            backend=backend,
-        )
-
-    def verify_built(self, backend: str) -> Callable[[], Any]:
-        """One call of :func:`specsample.verify` on ``backend`` with the layout and the
-        requests built once (nothing copied from the host: a CUDA graph can hold it)."""
-        return partial(
-            verify,
-            self.logits,
-            self.ids,
-            self.layout,
-            draft_probs=self.draft,
-            requests=self.requests,
-            backend=backend,
-        )
+    def verify(self, backend: str, *, built: bool = False) -> Callable[[], Any]:
+        """One call of :func:`specsample.verify` on ``backend``: its parameters given as a
+        user gives them (a list of counts, a temperature), or ``built`` once (the layout and
+        the requests: nothing copied from the host, so a CUDA graph can hold the call)."""
+        if built:
+            return partial(verify, self.logits, self.ids, self.layout, requests=self.requests,
+                           draft_probs=self.draft, backend=backend)  # fmt: skip
+        return partial(verify, self.logits, self.ids, self.counts, temperature=TEMPERATURE,
+                       draft_probs=self.draft, backend=backend)  # fmt: skip
 
 
 def _logits_timing(device: torch.device, shape: tuple[int, int, int], iters: int) -> str:
@@ -283,13 +267,12 @@ def _row(label: str, needed: int, eager: float, graph: float | str, peak: float 
 
 
 def _timed_row(
-    label: str, needed: int, runs: tuple[Callable[[], Any], Callable[[], Any]], iters: int,
-    device: torch.device, peak: float | None,
+    label: str, needed: int, run: Callable[[], Any], iters: int, device: torch.device,
+    peak: float | None,
 ) -> str:  # fmt: skip
-    """The bandwidth line of a path: ``runs`` is its eager call and the call to capture."""
-    eager_run, graph_run = runs
-    seconds = _time(eager_run, device, iters)
-    return _row(label, needed, seconds, graph_time(graph_run, device, iters), peak)
+    """The bandwidth line of a path: ``run`` timed eagerly, then replayed from a graph."""
+    seconds = _time(run, device, iters)
+    return _row(label, needed, seconds, graph_time(run, device, iters), peak)
 
 
 def _bandwidth_rows(
@@ -304,25 +287,24 @@ def _bandwidth_rows(
     timed = partial(_timed_row, iters=iters, device=device, peak=peak)
     for backend in ("torch", "triton"):
         run = partial(RejectionSampler(backend=backend), q, bonus, p, ids)
-        lines.append(timed(f"probabilities, {backend}", probs_bytes, (run, run)))
+        lines.append(timed(f"probabilities, {backend}", probs_bytes, run))
     del q, p
     case = LogitsCase(shape, device)
     logits_bytes = (batch * (k + 1) + 2 * batch) * row_bytes
     for backend in ("torch", "triton"):
-        built = case.verify_built(backend)
-        lines.append(timed(f"logits, {backend}", logits_bytes, (built, built)))
+        lines.append(timed(f"logits, {backend}", logits_bytes, case.verify(backend, built=True)))
     rows = case.logits.shape[0]
     for filters, options in (("", {}), (" top-k/p", FILTERS)):
         sampling = SamplingMetadata.build(rows, device, temperature=TEMPERATURE, **options)
         for name, norms in (("torch", eager.row_norms), ("triton", triton_backend.row_norms)):
             run = partial(norms, case.logits, sampling)
-            lines.append(timed(f"row statistics{filters}, {name}", rows * row_bytes, (run, run)))
+            lines.append(timed(f"row statistics{filters}, {name}", rows * row_bytes, run))
     vllm = vllm_sampler(case)
     if isinstance(vllm, str):
         lines.append(f"    logits, vLLM: {vllm}")
     else:
         try:
-            lines.append(timed("logits, vLLM", logits_bytes, (vllm, vllm)))
+            lines.append(timed("logits, vLLM", logits_bytes, vllm))
         except Exception as exc:
             lines.append(f"    logits, vLLM: failed: {type(exc).__name__}: {str(exc)[:80]}")
     return lines

@@ -9,12 +9,15 @@ built from, row by row. Refusals name the argument.
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specsample.params import metadata
+from specsample.params import layout as layout_module
+from specsample.params import metadata, transfer
 from specsample.params.layout import BatchLayout
 from specsample.params.metadata import GREEDY_BELOW, SamplingMetadata
 
@@ -57,12 +60,15 @@ def _check(layout: BatchLayout, counts: list[int], bonus_rows: bool, widest: int
 def test_layout_offsets_equal_a_direct_computation(
     counts: list[int], bonus_rows: bool, extra: int
 ) -> None:
+    """Host counts, as a list or a CPU tensor, give the direct computation's offsets, sent
+    to the device in the one aligned copy an accelerator gets (run on the CPU here)."""
     widest = max([0, *counts])
-    _check(BatchLayout.build(counts, CPU, bonus_rows=bonus_rows), counts, bonus_rows, widest)
-    as_tensor = torch.tensor(counts, dtype=torch.int32)
-    _check(BatchLayout.build(as_tensor, CPU, bonus_rows=bonus_rows), counts, bonus_rows, widest)
-    wider = BatchLayout.build(counts, CPU, max_drafts=widest + extra, bonus_rows=bonus_rows)
-    _check(wider, counts, bonus_rows, widest + extra)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(layout_module, "to_device", transfer._packed)
+        build = partial(BatchLayout.build, device=CPU, bonus_rows=bonus_rows)
+        _check(build(counts), counts, bonus_rows, widest)
+        _check(build(torch.tensor(counts, dtype=torch.int32)), counts, bonus_rows, widest)
+        _check(build(counts, max_drafts=widest + extra), counts, bonus_rows, widest + extra)
 
 
 @given(counts=COUNTS, bonus_rows=st.booleans())
@@ -161,11 +167,12 @@ MOVED_CASES = [
 
 @pytest.mark.parametrize(("batch", "params"), MOVED_CASES)
 def test_parameters_moved_in_one_copy_equal_those_built_in_place(
-    batch: int, params: dict[str, object]
+    batch: int, params: dict[str, object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Host parameters are built on the host and packed into one copy for the device: each
-    tensor comes out with its dtype, shape and values, 16-byte aligned, the host hints
-    unchanged."""
+    """Host parameters are built on the host and packed into one copy for the device (the
+    packing run on the CPU here, where it is otherwise skipped): each tensor comes out with
+    its dtype, shape and values, 16-byte aligned, the host hints unchanged."""
+    monkeypatch.setattr(metadata, "to_device", transfer._packed)
     built = SamplingMetadata.build(batch, CPU, **params)
     moved = metadata._moved(built, CPU)
     for name in FIELDS:
@@ -173,7 +180,7 @@ def test_parameters_moved_in_one_copy_equal_those_built_in_place(
         assert (expected is None) == (got is None), name
         if expected is not None:
             assert got.dtype == expected.dtype and torch.equal(got, expected), name
-            assert got.data_ptr() % metadata.ALIGN == 0, name
+            assert got.data_ptr() % transfer.ALIGN == 0, name
     assert [getattr(moved, h) for h in HINTS] == [getattr(built, h) for h in HINTS]
 
 

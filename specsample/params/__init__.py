@@ -10,7 +10,9 @@
 * :mod:`~specsample.params.seeding`: :class:`~specsample.params.seeding.Seeding` (where each
   row's random numbers come from) and the checks of seeds, generators and positions;
 * :mod:`~specsample.params.checks`: the validators of tensors and values, each check in one
-  place, shared by every entry point.
+  place, shared by every entry point;
+* :mod:`~specsample.params.transfer`: host tensors sent to the device in one copy (what a
+  parameter object built on the host sends).
 
 Everything below the public API reads these objects; none of them imports anything but the
 foundation (:mod:`specsample.methods`, :mod:`specsample.random`).

@@ -19,6 +19,7 @@ import torch
 
 from specsample.params.checks import check_draft_rows, require_tensor
 from specsample.params.metadata import placed
+from specsample.params.transfer import to_device
 from specsample.random import STEP_STRIDE
 
 Ints = Sequence[int] | torch.Tensor
@@ -95,7 +96,8 @@ class BatchLayout:
     target_request : torch.Tensor
         ``[target_rows]`` int64 device tensor: the request each flattened target row belongs
         to. Built with the layout (from host counts, in the same copy to the device as the
-        tensors above), so a step that reuses the layout launches nothing for it.
+        tensors above, :func:`specsample.params.transfer.to_device`), so a step that reuses
+        the layout launches nothing for it.
 
     Examples
     --------
@@ -172,22 +174,18 @@ class BatchLayout:
         starts = list(accumulate(counts, initial=0))[:batch]
         target_starts = list(accumulate(rows_of, initial=0))[:batch]
         request = [i for i, n in enumerate(rows_of) for _ in range(n)]
-        filler = [0] * (batch % 2)  # each tensor starts 16-byte aligned, as one of its own
-        packed = torch.tensor(
-            [*counts, *filler, *starts, *filler, *target_starts, *filler, *request],
-            dtype=torch.int64,
-        )
-        on_device = packed.to(device, non_blocking=True)
-        width = batch + len(filler)
+        host = torch.tensor(counts + starts + target_starts + request, dtype=torch.int64)
+        parts = host.split([batch, batch, batch, len(request)])
+        num_drafts, draft_start, target_start, target_request = to_device(parts, device)
         return BatchLayout(
             batch=batch,
             total_drafts=sum(counts),
             max_drafts=widest if max_drafts is None else int(max_drafts),
             bonus_rows=bonus_rows,
-            num_drafts=on_device[:batch],
-            draft_start=on_device[width : width + batch],
-            target_start=on_device[2 * width : 2 * width + batch],
-            target_request=on_device[3 * width :],
+            num_drafts=num_drafts,
+            draft_start=draft_start,
+            target_start=target_start,
+            target_request=target_request,
         )
 
     @staticmethod

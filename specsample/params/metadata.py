@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from specsample.params.transfer import to_device
+
 Scalars = float | int | Sequence[float] | Sequence[int] | torch.Tensor | None
 
 GREEDY_BELOW = 2.0**-100
@@ -30,10 +32,6 @@ GREEDY_BELOW = 2.0**-100
 Keeps ``1 / T <= 2**100``, so ``logits / T`` stays finite in float32 for any logit of
 magnitude below ``2**27``; a smaller positive ``T`` would make ``1 / T`` or ``logits / T``
 overflow to infinity and leave the row without a distribution."""
-
-
-ALIGN = 16
-"""Bytes to which the device tensors of parameters moved in one copy are aligned."""
 
 
 def _on_host(value: torch.Tensor) -> bool:
@@ -325,26 +323,10 @@ def _assemble(
 
 
 def _moved(meta: SamplingMetadata, device: torch.device) -> SamplingMetadata:
-    """``meta``, built on the host, with its tensors on ``device``, moved in one copy: packed
-    as bytes, each tensor's starting on a multiple of :data:`ALIGN` bytes (as a tensor of
-    its own would; a kernel compiled for aligned pointers then serves every batch), then
-    viewed."""
-    names = ("top_k", "inv_temperature", "top_p", "min_p", "greedy")
-    present = {n: t.contiguous() for n in names if (t := getattr(meta, n)) is not None}
-    parts, offsets, offset = [], [], 0
-    for tensor in present.values():
-        size = tensor.numel() * tensor.element_size()
-        parts += [
-            tensor.view(torch.uint8).reshape(-1),
-            torch.zeros(-size % ALIGN, dtype=torch.uint8),
-        ]
-        offsets.append(offset)
-        offset += size + -size % ALIGN
-    on_device = torch.cat(parts).to(device, non_blocking=True)
-    moved: dict[str, torch.Tensor] = {}
-    for (name, tensor), start in zip(present.items(), offsets, strict=True):
-        size = tensor.numel() * tensor.element_size()
-        moved[name] = on_device[start : start + size].view(tensor.dtype)
+    """``meta``, built on the host, with its tensors on ``device``, moved in one copy."""
+    names = ("inv_temperature", "greedy", "top_k", "top_p", "min_p")
+    present = [n for n in names if getattr(meta, n) is not None]
+    moved = dict(zip(present, to_device([getattr(meta, n) for n in present], device), strict=True))
     return replace(
         meta,
         inv_temperature=moved["inv_temperature"],
