@@ -7,8 +7,9 @@ backend of :mod:`specsample.backends` executes it):
   (and :class:`TypicalAcceptanceSampler`, the LOSSY typical rule with the same interface);
 * :func:`verify`, the functional API engines call on flattened, ragged target logits with
   per-request sampling parameters (and :func:`verify_padded` for ``[batch, k + 1, vocab]``),
-  and :func:`verify_tree` for token trees; what each request asks travels as keywords or as
-  one validated :class:`Requests` (built from :class:`SamplingParams`).
+  and :func:`verify_tree` for token trees (its layout a :class:`DraftTree`, its result a
+  :class:`TreeVerifyResult`); what each request asks travels as keywords or as one
+  validated :class:`Requests` (built from :class:`SamplingParams`).
 
 The verification methods are listed once, in :mod:`specsample.methods`.
 
@@ -33,9 +34,11 @@ if TYPE_CHECKING:  # the names __getattr__ gives, for type checkers
     from specsample.api import verify_tree as verify_tree
     from specsample.backends import BACKENDS as BACKENDS
     from specsample.methods import METHODS as METHODS
+    from specsample.params import DraftTree as DraftTree
     from specsample.params import Requests as Requests
     from specsample.params import SamplingParams as SamplingParams
     from specsample.params.layout import BatchLayout as BatchLayout
+    from specsample.rules import TreeVerifyResult as TreeVerifyResult
     from specsample.rules import VerifyResult as VerifyResult
     from specsample.rules import chain_verify as chain_verify
     from specsample.sampler import RejectionSampler as RejectionSampler
@@ -47,9 +50,11 @@ _HOMES = {
     "BACKENDS": "specsample.backends",
     "METHODS": "specsample.methods",
     "BatchLayout": "specsample.params.layout",
+    "DraftTree": "specsample.params",
     "RejectionSampler": "specsample.sampler",
     "Requests": "specsample.params",
     "SamplingParams": "specsample.params",
+    "TreeVerifyResult": "specsample.rules",
     "TypicalAcceptanceSampler": "specsample.sampler",
     "VerificationStats": "specsample.stats",
     "VerifyOutput": "specsample.api",

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from specsample import BatchLayout, verify, verify_tree
+from specsample import BatchLayout, DraftTree, TreeVerifyResult, verify, verify_tree
 from specsample.generate.sampling import SamplingState
-from specsample.params import DraftTree
-from specsample.rules.tree.structure import TreeVerifyResult
 
 
 def chain_step(
